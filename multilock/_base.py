@@ -1,0 +1,373 @@
+"""Base classes for backends: the parts of the contract that are the same everywhere.
+
+A backend subclasses :class:`LockerBase`/:class:`AsyncLockerBase` and
+:class:`LeaseBase`/:class:`AsyncLeaseBase` and fills in the underscored
+methods. What the bases guarantee, so that no backend has to get it right
+again: names and ttls validated one way, ``release()`` idempotent,
+async release finished even when the caller is cancelled, and an async
+acquire interrupted by cancellation undone once the server has answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from ._durations import Duration, parse_duration
+from ._signal import LostSignal
+from ._url import LockURL
+from .abc import Capability
+from .errors import InvalidLockName, LockLost, MultilockError
+
+__all__ = [
+    "AsyncLeaseBase",
+    "AsyncLockerBase",
+    "LeaseBase",
+    "LockInfo",
+    "LockerBase",
+    "finish_shielded",
+    "new_token",
+]
+
+T = TypeVar("T")
+_counter = itertools.count()
+_PID_PREFIX: list[str] = []
+
+
+def new_token() -> str:
+    """An owner token unique per acquisition across processes and hosts.
+
+    Random per process (re-drawn after fork), then a counter: cheaper than a
+    ``uuid4`` per acquisition on the hot path, and as unique.
+    """
+    pid = os.getpid()
+    if not _PID_PREFIX or not _PID_PREFIX[0].startswith(f"{pid:x}-"):
+        _PID_PREFIX[:] = [f"{pid:x}-{os.urandom(8).hex()}-"]
+    return f"{_PID_PREFIX[0]}{next(_counter):x}"
+
+
+def _expiry(ttl: float | None) -> datetime | None:
+    return None if ttl is None else datetime.now(UTC) + timedelta(seconds=ttl)
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """One lock currently held, as a backend with ``INTROSPECTION`` reports it."""
+
+    key: str | int
+    name: str | None = None
+    """The lock name, where the backend can know it (advisory keys are one-way hashes)."""
+    holder: str | None = None
+    """Who holds it: pid, application name, client address, owner token..."""
+    since: datetime | None = None
+    expires_at: datetime | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _LeaseState:
+    """What both lease bases share: identity, expiry, the lost signal."""
+
+    __slots__ = ("_released", "expires_at", "fencing_token", "key", "lost", "name", "token")
+
+    def __init__(
+        self,
+        name: str,
+        key: str | int,
+        token: str,
+        fencing_token: int | None = None,
+        ttl: float | None = None,
+    ) -> None:
+        self.name = name
+        self.key = key
+        self.token = token
+        self.fencing_token = fencing_token
+        self.expires_at = _expiry(ttl)
+        self.lost = LostSignal()
+        self._released = False
+
+    @property
+    def held(self) -> bool:
+        """Neither released nor lost."""
+        return not self._released and not self.lost.is_set()
+
+    def _check_extendable(self) -> None:
+        if self._released:
+            raise LockLost(f"lease on {self.name!r} was released")
+        if self.lost.is_set():
+            raise LockLost(f"lease on {self.name!r} was lost: {self.lost.reason}")
+
+    def _set_expiry(self, ttl: float | None) -> None:
+        self.expires_at = _expiry(ttl)
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("lost" if self.lost.is_set() else "held")
+        fence = "" if self.fencing_token is None else f" fencing_token={self.fencing_token}"
+        return f"<{type(self).__name__} {self.name!r} key={self.key!r}{fence} {state}>"
+
+
+class LeaseBase(_LeaseState):
+    """Sync lease base: implement ``_release()`` and ``_extend(ttl)``."""
+
+    __slots__ = ()
+
+    def release(self) -> bool:
+        """Release the lock; ``True`` if this call released it. Idempotent."""
+        if self._released:
+            return False
+        self._released = True
+        if self.lost.is_set():
+            return False
+        return self._release()
+
+    def extend(self, ttl: Duration | None = None) -> None:
+        """Push the expiry ``ttl`` (default: the acquire ttl) into the future."""
+        self._check_extendable()
+        seconds = None if ttl is None else parse_duration(ttl, what="ttl")
+        self._set_expiry(self._extend(seconds))
+
+    def _release(self) -> bool:
+        raise NotImplementedError
+
+    def _extend(self, ttl: float | None) -> float | None:
+        """Extend on the backend; return the new ttl (``None``: session-bound)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+class AsyncLeaseBase(_LeaseState):
+    """Async lease base: implement ``async _release()`` and ``async _extend(ttl)``."""
+
+    __slots__ = ()
+
+    async def release(self) -> bool:
+        """Release the lock even when the caller is being cancelled. Idempotent."""
+        if self._released:
+            return False
+        self._released = True
+        if self.lost.is_set():
+            return False
+        return await finish_shielded(self._release())
+
+    async def extend(self, ttl: Duration | None = None) -> None:
+        """Push the expiry ``ttl`` (default: the acquire ttl) into the future."""
+        self._check_extendable()
+        seconds = None if ttl is None else parse_duration(ttl, what="ttl")
+        self._set_expiry(await self._extend(seconds))
+
+    async def _release(self) -> bool:
+        raise NotImplementedError
+
+    async def _extend(self, ttl: float | None) -> float | None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.release()
+
+
+async def finish_shielded(work: Awaitable[T]) -> T:
+    """Run ``work`` to the end even if the caller is cancelled meanwhile.
+
+    Unlike a bare :func:`asyncio.shield`, the caller does not return early: it
+    waits for the work, then re-raises the cancellation. That is the
+    ``context.WithoutCancel`` of the seed pattern: a release that has started
+    finishes before ``asyncio.run`` or a task group tears the loop down.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise  # the work itself was cancelled (loop shutting down)
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+class _LockerCommon:
+    capabilities: frozenset[Capability] = frozenset()
+    max_name_length: int | None = None  # in UTF-8 bytes, where the backend has a limit
+
+    def __init__(self, url: LockURL, *, default_ttl: float) -> None:
+        self._url = url
+        self.default_ttl = default_ttl
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The lock URL, password masked."""
+        return self._url.masked
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
+    def _check(self, name: object) -> str:
+        if self._closed:
+            raise MultilockError(f"{self!r} is closed")
+        if not isinstance(name, str):
+            raise InvalidLockName(f"a lock name must be a str, not {type(name).__name__}")
+        limit = self.max_name_length
+        if limit is not None and len(name.encode("utf-8", "surrogatepass")) > limit:
+            raise InvalidLockName(
+                f"lock name of {len(name.encode('utf-8', 'surrogatepass'))} bytes is too long"
+                f" for {self._url.scheme}:// (at most {limit} UTF-8 bytes)"
+            )
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidLockName(f"lock name {name!r} is not valid Unicode text") from None
+        return name
+
+    def _ttl(self, ttl: Duration | None) -> float:
+        return self.default_ttl if ttl is None else parse_duration(ttl, what="ttl")
+
+    def _names(self, names: Iterable[str]) -> list[str]:
+        checked = [self._check(name) for name in names]
+        if len(set(checked)) != len(checked):
+            raise InvalidLockName("try_acquire_many was given the same name twice")
+        return checked
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<{type(self).__name__} {self.url}{state}>"
+
+
+class LockerBase(_LockerCommon):
+    """Sync locker base: implement ``_try_acquire`` and ``_close``."""
+
+    def try_acquire(self, name: str, *, ttl: Duration | None = None) -> LeaseBase | None:
+        """A lease on ``name``, or ``None`` at once when someone else holds it."""
+        return self._try_acquire(self._check(name), self._ttl(ttl))
+
+    def try_acquire_many(
+        self, names: Iterable[str], *, ttl: Duration | None = None
+    ) -> dict[str, LeaseBase | None]:
+        """A lease or ``None`` per name, in order. On error, nothing stays held."""
+        return self._try_acquire_many(self._names(names), self._ttl(ttl))
+
+    def close(self) -> None:
+        """Release every lease still held and close the connection. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
+        raise NotImplementedError
+
+    def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
+        result: dict[str, LeaseBase | None] = {}
+        try:
+            for name in names:
+                result[name] = self._try_acquire(name, ttl)
+        except BaseException:
+            for lease in result.values():
+                if lease is not None:
+                    lease.release()
+            raise
+        return result
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncLockerBase(_LockerCommon):
+    """Async locker base: implement ``async _try_acquire`` and ``async _close``."""
+
+    async def try_acquire(self, name: str, *, ttl: Duration | None = None) -> AsyncLeaseBase | None:
+        """A lease on ``name`` or ``None``; a cancelled acquire leaves nothing held."""
+        work = self._try_acquire(self._check(name), self._ttl(ttl))
+        return await _undo_on_cancel(work, lambda lease: [lease])
+
+    async def try_acquire_many(
+        self, names: Iterable[str], *, ttl: Duration | None = None
+    ) -> dict[str, AsyncLeaseBase | None]:
+        """A lease or ``None`` per name, in order; cancellation or error leaves nothing held."""
+        work = self._try_acquire_many(self._names(names), self._ttl(ttl))
+        return await _undo_on_cancel(work, lambda leases: list(leases.values()))
+
+    async def aclose(self) -> None:
+        """Release every lease still held and close the connection. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            await finish_shielded(self._close())
+
+    async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
+        raise NotImplementedError
+
+    async def _try_acquire_many(
+        self, names: list[str], ttl: float
+    ) -> dict[str, AsyncLeaseBase | None]:
+        result: dict[str, AsyncLeaseBase | None] = {}
+        try:
+            for name in names:
+                result[name] = await self._try_acquire(name, ttl)
+        except BaseException:
+            for lease in result.values():
+                if lease is not None:
+                    await lease.release()
+            raise
+        return result
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+R = TypeVar("R")
+
+
+async def _undo_on_cancel(work: Awaitable[R], leases_of: Callable[[R], list[Any]]) -> R:
+    """Await an acquire; if the caller is cancelled meanwhile, let the server answer,
+    release whatever it granted, then re-raise the cancellation."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.done() and task.cancelled():
+            raise
+        try:
+            granted = await finish_shielded(task)
+        except BaseException:  # the acquire failed on its own: nothing to undo
+            raise asyncio.CancelledError from None
+        for lease in leases_of(granted):
+            if lease is not None:
+                await lease.release()
+        raise

@@ -1,0 +1,201 @@
+"""``memory://[namespace]``: locks inside one process, for tests and single-process apps.
+
+Every locker of one namespace in the process shares one table, so separate
+lockers (and threads, and event loops) exclude each other. Leases last until
+released or until :meth:`MemoryLocker.revoke` takes them away, which fires
+``lost`` as a server-side loss would: the scheduler's own tests use it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ._base import (
+    AsyncLeaseBase,
+    AsyncLockerBase,
+    LeaseBase,
+    LockerBase,
+    LockInfo,
+    _LeaseState,
+    new_token,
+)
+from ._url import LockURL, OptionParser, as_duration
+from .abc import Capability
+
+__all__ = ["AsyncMemoryLocker", "MemoryBackend", "MemoryLocker", "backend"]
+
+_OPTIONS = OptionParser({"ttl": as_duration}, {"ttl": 30.0})
+
+
+class _Namespace:
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.holders: dict[str, _LeaseState] = {}
+        self.fences: dict[str, int] = {}
+
+    def take(self, name: str, make: Any) -> Any:
+        with self.guard:
+            if name in self.holders:
+                return None
+            fence = self.fences.get(name, 0) + 1
+            self.fences[name] = fence
+            lease = make(fence)
+            self.holders[name] = lease
+            return lease
+
+    def drop(self, lease: _LeaseState) -> bool:
+        with self.guard:
+            if self.holders.get(lease.name) is not lease:
+                return False  # compare-and-delete: a stale lease never frees the new holder
+            del self.holders[lease.name]
+            return True
+
+    def revoke(self, name: str, reason: str) -> bool:
+        with self.guard:
+            lease = self.holders.pop(name, None)
+        if lease is None:
+            return False
+        lease._mine.discard(lease)  # type: ignore[attr-defined]
+        return lease.lost.set(reason)
+
+
+_namespaces: dict[str, _Namespace] = {}
+_namespaces_guard = threading.Lock()
+
+
+def _namespace(url: LockURL) -> _Namespace:
+    key = (url.host or "") + url.path
+    with _namespaces_guard:
+        return _namespaces.setdefault(key, _Namespace())
+
+
+def _drop(lease: Any) -> bool:
+    lease._mine.discard(lease)
+    return lease._space.drop(lease)  # type: ignore[no-any-return]
+
+
+class MemoryLease(LeaseBase):
+    """A lease of the ``memory://`` backend (sync API)."""
+
+    __slots__ = ("_mine", "_space")
+
+    def _release(self) -> bool:
+        return _drop(self)
+
+    def _extend(self, ttl: float | None) -> float | None:
+        return None  # process-bound: nothing to extend
+
+
+class AsyncMemoryLease(AsyncLeaseBase):
+    """A lease of the ``memory://`` backend (async API)."""
+
+    __slots__ = ("_mine", "_space")
+
+    async def _release(self) -> bool:
+        return _drop(self)
+
+    async def _extend(self, ttl: float | None) -> float | None:
+        return None
+
+
+class _MemoryCommon:
+    capabilities = frozenset(
+        {
+            Capability.FENCING,
+            Capability.SESSION,
+            Capability.LOST_SIGNAL,
+            Capability.INTROSPECTION,
+            Capability.BATCH,
+        }
+    )
+
+    def _setup(self, url: LockURL) -> float:
+        values, _ = _OPTIONS.parse(url)
+        self._space = _namespace(url)
+        self._mine: set[_LeaseState] = set()
+        return float(values["ttl"])
+
+    def _take(self, name: str, cls: type[_LeaseState]) -> Any:
+        def make(fence: int) -> _LeaseState:
+            lease = cls(name, name, new_token(), fence)
+            lease._space = self._space  # type: ignore[attr-defined]
+            lease._mine = self._mine  # type: ignore[attr-defined]
+            return lease
+
+        lease = self._space.take(name, make)
+        if lease is not None:
+            self._mine.add(lease)
+        return lease
+
+    def revoke(self, name: str, reason: str = "revoked") -> bool:
+        """Take ``name`` away from whoever holds it here; their ``lost`` fires."""
+        return self._space.revoke(name, reason)
+
+    def locks(self) -> list[LockInfo]:
+        """The locks held in this namespace."""
+        with self._space.guard:
+            held = list(self._space.holders.values())
+        return [LockInfo(key=lease.key, name=lease.name, holder=lease.token) for lease in held]
+
+    def _drop_all(self) -> None:
+        for lease in list(self._mine):
+            self._space.drop(lease)
+            lease._released = True
+        self._mine.clear()
+
+
+class MemoryLocker(_MemoryCommon, LockerBase):
+    """Sync locker of ``memory://``."""
+
+    def __init__(self, url: LockURL) -> None:
+        super().__init__(url, default_ttl=self._setup(url))
+
+    def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
+        lease: LeaseBase | None = self._take(name, MemoryLease)
+        return lease
+
+    def _close(self) -> None:
+        self._drop_all()
+
+
+class AsyncMemoryLocker(_MemoryCommon, AsyncLockerBase):
+    """Async locker of ``memory://``."""
+
+    def __init__(self, url: LockURL) -> None:
+        super().__init__(url, default_ttl=self._setup(url))
+
+    async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
+        lease: AsyncLeaseBase | None = self._take(name, AsyncMemoryLease)
+        return lease
+
+    async def _close(self) -> None:
+        self._drop_all()
+
+
+class _MemoryHooks:
+    def crash_release_bound(self, url: LockURL, ttl: float) -> float:
+        return 0.0
+
+    def break_lease(self, url: LockURL, locker: object, lease: object) -> None:
+        _namespace(url).revoke(lease.name, "revoked by the conformance suite")  # type: ignore[attr-defined]
+
+    def unreachable_url(self, url: LockURL) -> str | None:
+        return None  # in-process: there is no server to be unreachable
+
+
+class MemoryBackend:
+    """The ``memory://`` backend (registered through the entry-point group)."""
+
+    conformance = _MemoryHooks()
+
+    def connect(self, url: LockURL) -> MemoryLocker:
+        """A sync locker."""
+        return MemoryLocker(url)
+
+    def connect_async(self, url: LockURL) -> AsyncMemoryLocker:
+        """An async locker."""
+        return AsyncMemoryLocker(url)
+
+
+backend = MemoryBackend()

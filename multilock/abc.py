@@ -1,0 +1,244 @@
+"""The contract: what a backend implements and the only thing the scheduler uses.
+
+Backends need not inherit from anything here: these are
+:class:`typing.Protocol` classes, checked structurally. The base classes in
+:mod:`multilock.backend` implement the fiddly common parts (idempotent release,
+release shielded from cancellation, leak-free cancelled acquires) for backends
+that want them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self
+
+from ._durations import Duration
+from ._signal import LostSignal
+
+if TYPE_CHECKING:
+    from ._url import LockURL
+
+__all__ = [
+    "AsyncDistributedLock",
+    "AsyncLease",
+    "Backend",
+    "Capability",
+    "ConformanceHooks",
+    "DistributedLock",
+    "Lease",
+]
+
+
+class Capability(enum.StrEnum):
+    """Promises a backend may declare; the conformance suite checks each one it declares."""
+
+    FENCING = "fencing"
+    """``Lease.fencing_token`` is an int, strictly increasing per name across holders."""
+    TTL = "ttl"
+    """Leases expire on the backend after their ttl unless extended."""
+    RENEWAL = "renewal"
+    """TTL leases are renewed automatically while held."""
+    SESSION = "session"
+    """Leases end when the holder's session (connection, process) ends."""
+    CROSS_PROCESS = "cross-process"
+    """Other processes on the same host see the lock."""
+    CROSS_HOST = "cross-host"
+    """Processes on other hosts see the lock."""
+    LOST_SIGNAL = "lost-signal"
+    """The backend can drop a held lease and then fires ``lease.lost``."""
+    INTROSPECTION = "introspection"
+    """The locker can list the locks currently held (``locks()``)."""
+    BATCH = "batch"
+    """``try_acquire_many`` takes any number of names in one round trip."""
+
+
+class Lease(Protocol):
+    """A held lock, from the sync API."""
+
+    @property
+    def name(self) -> str:
+        """The lock name as given to ``try_acquire``."""
+
+    @property
+    def key(self) -> str | int:
+        """The backend's key for the name (advisory key, Redis key, znode path...)."""
+
+    @property
+    def token(self) -> str:
+        """An owner token unique to this acquisition."""
+
+    @property
+    def fencing_token(self) -> int | None:
+        """Strictly increasing per name where the backend has ``FENCING``; else ``None``."""
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the lease ends unless extended (UTC); ``None`` for session-bound leases."""
+
+    @property
+    def lost(self) -> LostSignal:
+        """Fires when the lease is lost while held."""
+
+    @property
+    def held(self) -> bool:
+        """Neither released nor lost."""
+
+    def extend(self, ttl: Duration | None = None) -> None:
+        """Push the expiry ``ttl`` into the future; raise ``LockLost``/``NotOwner`` if gone."""
+
+    def release(self) -> bool:
+        """Release the lock; ``True`` if this call released it. Idempotent, never raises
+        for a lease that was already released or lost."""
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class AsyncLease(Protocol):
+    """A held lock, from the async API. Release is shielded from cancellation."""
+
+    @property
+    def name(self) -> str:
+        """The lock name as given to ``try_acquire``."""
+
+    @property
+    def key(self) -> str | int:
+        """The backend's key for the name."""
+
+    @property
+    def token(self) -> str:
+        """An owner token unique to this acquisition."""
+
+    @property
+    def fencing_token(self) -> int | None:
+        """Strictly increasing per name where the backend has ``FENCING``; else ``None``."""
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the lease ends unless extended (UTC); ``None`` for session-bound leases."""
+
+    @property
+    def lost(self) -> LostSignal:
+        """Fires when the lease is lost while held; ``await lease.lost`` waits for it."""
+
+    @property
+    def held(self) -> bool:
+        """Neither released nor lost."""
+
+    async def extend(self, ttl: Duration | None = None) -> None:
+        """Push the expiry ``ttl`` into the future; raise ``LockLost``/``NotOwner`` if gone."""
+
+    async def release(self) -> bool:
+        """Release the lock, even if the caller is being cancelled. Idempotent."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class DistributedLock(Protocol):
+    """A sync locker: takes leases on names, never waiting for another holder."""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this backend promises."""
+
+    @property
+    def url(self) -> str:
+        """The lock URL, password masked."""
+
+    def try_acquire(self, name: str, *, ttl: Duration | None = None) -> Lease | None:
+        """A lease on ``name``, or ``None`` at once when someone else holds it.
+
+        Raises :class:`~multilock.errors.BackendUnavailable` when the backend
+        cannot be asked, never returns ``None`` for that.
+        """
+
+    def try_acquire_many(
+        self, names: Iterable[str], *, ttl: Duration | None = None
+    ) -> Mapping[str, Lease | None]:
+        """``try_acquire`` for each name (in order); a lease or ``None`` per name."""
+
+    def close(self) -> None:
+        """Release every lease still held and close the connection."""
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class AsyncDistributedLock(Protocol):
+    """An async locker: the same contract as :class:`DistributedLock`, awaited."""
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this backend promises."""
+
+    @property
+    def url(self) -> str:
+        """The lock URL, password masked."""
+
+    async def try_acquire(self, name: str, *, ttl: Duration | None = None) -> AsyncLease | None:
+        """A lease on ``name``, or ``None`` at once when someone else holds it.
+
+        A cancellation that lands while the acquire is in flight leaves no lock held.
+        """
+
+    async def try_acquire_many(
+        self, names: Iterable[str], *, ttl: Duration | None = None
+    ) -> Mapping[str, AsyncLease | None]:
+        """``try_acquire`` for each name (in order); a lease or ``None`` per name."""
+
+    async def aclose(self) -> None:
+        """Release every lease still held and close the connection."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class ConformanceHooks(Protocol):
+    """What the conformance suite needs to know of a backend beyond the contract."""
+
+    def crash_release_bound(self, url: LockURL, ttl: float) -> float:
+        """Seconds after a holder is SIGKILLed by which the lock must be free again."""
+
+    def break_lease(self, url: LockURL, locker: object, lease: object) -> None:
+        """Drop ``lease`` from the server side (kill its session, delete its key...).
+
+        Only called for backends that declare ``LOST_SIGNAL``.
+        """
+
+    def unreachable_url(self, url: LockURL) -> str | None:
+        """A URL of the same backend that cannot be reached, or ``None`` when the
+        backend has no server (in-process), which the suite reports."""
+
+
+class Backend(Protocol):
+    """What an entry point of group ``multilock.backends`` resolves to.
+
+    The entry point's name is the URL scheme. ``conformance`` may be ``None``
+    when the backend ships no hooks: the suite then runs what needs none.
+    """
+
+    def connect(self, url: LockURL) -> DistributedLock:
+        """A sync locker for ``url``."""
+
+    def connect_async(self, url: LockURL) -> AsyncDistributedLock:
+        """An async locker for ``url``."""
+
+    @property
+    def conformance(self) -> ConformanceHooks | None:
+        """Hooks for the conformance suite, or ``None``."""

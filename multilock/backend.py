@@ -1,0 +1,49 @@
+"""The backend author's kit: what a backend distribution imports from the core.
+
+A backend is any object with ``connect(url)`` and ``connect_async(url)``
+(:class:`multilock.abc.Backend`), published under the entry-point group
+``multilock.backends`` with the URL scheme as its name. The base classes here
+are optional but carry the subtle parts of the contract (see ``_base``).
+"""
+
+from __future__ import annotations
+
+from ._base import (
+    AsyncLeaseBase,
+    AsyncLockerBase,
+    LeaseBase,
+    LockerBase,
+    LockInfo,
+    finish_shielded,
+    new_token,
+)
+from ._durations import Duration, parse_duration
+from ._registry import ENTRY_POINT_GROUP
+from ._signal import LostSignal
+from ._url import LockURL, OptionParser, as_bool, as_duration, as_int, as_str, mask_url, quote_name
+from .abc import Backend, Capability, ConformanceHooks
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AsyncLeaseBase",
+    "AsyncLockerBase",
+    "Backend",
+    "Capability",
+    "ConformanceHooks",
+    "Duration",
+    "LeaseBase",
+    "LockInfo",
+    "LockURL",
+    "LockerBase",
+    "LostSignal",
+    "OptionParser",
+    "as_bool",
+    "as_duration",
+    "as_int",
+    "as_str",
+    "finish_shielded",
+    "mask_url",
+    "new_token",
+    "parse_duration",
+    "quote_name",
+]

@@ -121,8 +121,8 @@ class LeaseBase(_LeaseState):
         if self._released:
             return False
         self._released = True
-        if self.lost.is_set():
-            return False
+        # Even a lease reported lost is released on the backend: "lost" may mean
+        # "could not be confirmed", and _release() is a compare-and-delete anyway.
         return self._release()
 
     def extend(self, ttl: Duration | None = None) -> None:
@@ -157,8 +157,6 @@ class AsyncLeaseBase(_LeaseState):
         if self._released:
             return False
         self._released = True
-        if self.lost.is_set():
-            return False
         return await finish_shielded(self._release())
 
     async def extend(self, ttl: Duration | None = None) -> None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -22,7 +21,7 @@ from typing import Any, Self, TypeVar
 from ._durations import Duration, parse_duration
 from ._signal import LostSignal
 from ._url import LockURL
-from .abc import Capability
+from .abc import Capability, LockInfo
 from .errors import InvalidLockName, LockLost, MultilockError
 
 __all__ = [
@@ -54,20 +53,6 @@ def new_token() -> str:
 
 def _expiry(ttl: float | None) -> datetime | None:
     return None if ttl is None else datetime.now(UTC) + timedelta(seconds=ttl)
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    """One lock currently held, as a backend with ``INTROSPECTION`` reports it."""
-
-    key: str | int
-    name: str | None = None
-    """The lock name, where the backend can know it (advisory keys are one-way hashes)."""
-    holder: str | None = None
-    """Who holds it: pid, application name, client address, owner token..."""
-    since: datetime | None = None
-    expires_at: datetime | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 class _LeaseState:

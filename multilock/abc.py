@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from ._durations import Duration
 from ._signal import LostSignal
@@ -29,6 +30,8 @@ __all__ = [
     "ConformanceHooks",
     "DistributedLock",
     "Lease",
+    "LockInfo",
+    "SupportsLocks",
 ]
 
 
@@ -53,6 +56,27 @@ class Capability(enum.StrEnum):
     """The locker can list the locks currently held (``locks()``)."""
     BATCH = "batch"
     """``try_acquire_many`` takes any number of names in one round trip."""
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """One lock currently held, as a backend with ``INTROSPECTION`` reports it."""
+
+    key: str | int
+    name: str | None = None
+    """The lock name, where the backend can know it (advisory keys are one-way hashes)."""
+    holder: str | None = None
+    """Who holds it: pid, application name, client address, owner token..."""
+    since: datetime | None = None
+    expires_at: datetime | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class SupportsLocks(Protocol):
+    """A locker that can list the locks held (backends declaring ``INTROSPECTION``)."""
+
+    def locks(self) -> list[LockInfo]:
+        """Every lock currently held on the backend that this locker can see."""
 
 
 class Lease(Protocol):

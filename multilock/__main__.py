@@ -1,0 +1,5 @@
+"""``python -m multilock``: the command line."""
+
+from ._cli import main
+
+main()

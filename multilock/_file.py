@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import socket
 import tempfile
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ __all__ = ["AsyncFileLocker", "FileBackend", "FileLocker", "backend", "default_d
 _OPTIONS = OptionParser({"ttl": as_duration}, {"ttl": 30.0})
 _MAX_FILENAME = 200  # below NAME_MAX (255) with room for the suffix
 _SUFFIX = ".lock"
+_HASHED = re.compile(r".{100}~[0-9a-f]{32}")
 
 
 def default_directory() -> Path:
@@ -48,6 +50,14 @@ def _filename(name: str) -> str:
         return quoted + _SUFFIX
     digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
     return f"{quoted[:100]}~{digest}{_SUFFIX}"
+
+
+def _name_of(filename: str) -> str | None:
+    """The lock name of a lock file, or ``None`` for a hashed (shortened) long name."""
+    stem = filename.removesuffix(_SUFFIX)
+    if _HASHED.fullmatch(stem):
+        return None
+    return "" if stem == "%" else unquote(stem)  # "%" is quote_name's empty name
 
 
 class _FileLockState:
@@ -183,9 +193,7 @@ class _FileCommon:
             found.append(
                 LockInfo(
                     key=entry.path,
-                    name=unquote(entry.name.removesuffix(_SUFFIX))
-                    if "~" not in entry.name
-                    else None,
+                    name=_name_of(entry.name),
                     holder=f"pid {pid} on {host}",
                     since=datetime.fromisoformat(since) if since else None,
                     details={"token": token, "fencing_token": int(lines[0] or 0)},

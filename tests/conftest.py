@@ -1,0 +1,121 @@
+"""Session fixtures for the core's tests: one URL per backend, reachable or skipped.
+
+Each fixture reads its server from the environment (``MULTILOCK_POSTGRES_URL``...,
+defaults below) and hands it to :func:`multilock.testing.server_url`, which skips
+the test when the server does not answer -- or fails it when backends are
+required (``--multilock-require-backends`` / ``MULTILOCK_REQUIRE_BACKENDS=1``).
+
+With ``--docker`` (or ``MULTILOCK_DOCKER=1``) the server URLs come from the
+containers of ``docker-compose.yml`` instead, started through pytest-docker's
+``docker_services`` fixture. That fixture is only requested in that mode, so the
+plugin stays inert (and Docker unneeded) on the default path.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import multilock
+from multilock.testing import server_url
+
+DEFAULT_URLS = {
+    "postgres": "postgresql://postgres@127.0.0.1:5432/test",
+    "redis": "redis://127.0.0.1:6379/15",
+    "zookeeper": "zookeeper://127.0.0.1:2181/multilock-test",
+}
+DOCKER_ENV = "MULTILOCK_DOCKER"
+
+# service in docker-compose.yml -> (container port, URL with {host} and {port})
+_DOCKER_SERVICES = {
+    "postgres": (5432, "postgresql://postgres@{host}:{port}/test"),
+    "redis": (6379, "redis://{host}:{port}/15"),
+    "zookeeper": (2181, "zookeeper://{host}:{port}/multilock-test"),
+}
+_DOCKER_START_TIMEOUT = 120.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register ``--docker``."""
+    parser.addoption(
+        "--docker",
+        action="store_true",
+        default=False,
+        help=f"run PostgreSQL, Redis and ZooKeeper from docker-compose.yml (env {DOCKER_ENV}=1)",
+    )
+
+
+def use_docker(config: pytest.Config) -> bool:
+    """Whether the servers come from docker compose rather than the environment."""
+    if config.getoption("docker", default=False):
+        return True
+    return os.environ.get(DOCKER_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def docker_compose_file(pytestconfig: pytest.Config) -> str:
+    """pytest-docker: the compose file at the repository root."""
+    return str(Path(pytestconfig.rootpath) / "docker-compose.yml")
+
+
+def _answers(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            with multilock.connect(url) as locker:
+                lease = locker.try_acquire("multilock-docker-probe")
+                if lease is not None:
+                    lease.release()
+        except multilock.errors.MultilockError:
+            return False
+        return True
+
+    return check
+
+
+def _url(request: pytest.FixtureRequest, service: str) -> str:
+    if use_docker(request.config):
+        docker_services = request.getfixturevalue("docker_services")
+        docker_ip = request.getfixturevalue("docker_ip")
+        container_port, template = _DOCKER_SERVICES[service]
+        port = docker_services.port_for(service, container_port)
+        url = template.format(host=docker_ip, port=port)
+        docker_services.wait_until_responsive(
+            check=_answers(url), timeout=_DOCKER_START_TIMEOUT, pause=0.5
+        )
+    else:
+        url = os.environ.get(f"MULTILOCK_{service.upper()}_URL") or DEFAULT_URLS[service]
+    return server_url(request.config, url)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(request: pytest.FixtureRequest) -> str:
+    """A reachable PostgreSQL lock URL (``MULTILOCK_POSTGRES_URL``)."""
+    return _url(request, "postgres")
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """A reachable Redis lock URL (``MULTILOCK_REDIS_URL``)."""
+    return _url(request, "redis")
+
+
+@pytest.fixture(scope="session")
+def zookeeper_url(request: pytest.FixtureRequest) -> str:
+    """A reachable ZooKeeper lock URL (``MULTILOCK_ZOOKEEPER_URL``)."""
+    return _url(request, "zookeeper")
+
+
+@pytest.fixture(scope="session")
+def file_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A ``file://`` URL on a fresh directory of this test session."""
+    return server_url(request.config, f"file://{tmp_path_factory.mktemp('locks')}")
+
+
+@pytest.fixture(scope="session")
+def memory_url(request: pytest.FixtureRequest) -> str:
+    """A ``memory://`` URL on a namespace of this test session's own."""
+    return server_url(request.config, f"memory://tests-{os.getpid()}-{uuid.uuid4().hex[:8]}")

@@ -17,7 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import unasync
+# This script is named unasync too: drop its own directory from the path, so that
+# the import below finds the unasync package, not this file.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import unasync  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +33,30 @@ COMMON = {
     "aclose": "close",
     "async_sleep": "sync_sleep",
 }
-RULES: list[tuple[str, str, dict[str, str]]] = []
+RULES: list[tuple[str, str, dict[str, str]]] = [
+    (
+        "backends/redis/multilock_redis/_async",
+        "backends/redis/multilock_redis/_sync",
+        {
+            "AsyncRedisLease": "RedisLease",
+            "AsyncRedisLocker": "RedisLocker",
+            "AsyncScript": "Script",
+            "async_client": "sync_client",
+        },
+    ),
+    (
+        "backends/postgres/multilock_postgres/_async",
+        "backends/postgres/multilock_postgres/_sync",
+        {
+            "AsyncConnection": "Connection",
+            "AsyncCursor": "Cursor",
+            "AsyncMutex": "Mutex",
+            "AsyncTicker": "Ticker",
+            "AsyncPostgresLease": "PostgresLease",
+            "AsyncPostgresLocker": "PostgresLocker",
+        },
+    ),
+]
 
 
 def _generate(out_root: Path) -> list[tuple[Path, Path]]:
@@ -46,7 +73,8 @@ def _generate(out_root: Path) -> list[tuple[Path, Path]]:
             text = tmp_dst.read_text()
             header = (
                 "# This file was generated from the async source by scripts/unasync.py:\n"
-                f"# {src_dir}/{rel}. Do not edit it; change the source and rerun the script.\n"
+                f"# {src_dir}/{rel}.\n"
+                "# Do not edit it; change the source and rerun the script.\n"
             )
             tmp_dst.write_text(header + text)
             pairs.append((tmp_dst, ROOT / dst_dir / rel))

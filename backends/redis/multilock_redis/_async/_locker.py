@@ -1,0 +1,111 @@
+"""The Redis locker and lease: the source of truth for both APIs.
+
+The sync API in ``_sync/`` is generated from this module by
+``scripts/unasync.py``; change this file, then rerun the script.
+"""
+
+from __future__ import annotations
+
+import time
+
+from redis.commands.core import AsyncScript
+
+from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
+
+from .._common import RedisLockerCommon
+from .._config import async_client
+from .._errors import REDIS_ERRORS, translate
+from .._scripts import ACQUIRE, EXTEND, RELEASE
+
+__all__ = ["AsyncRedisLease", "AsyncRedisLocker"]
+
+
+class AsyncRedisLease(AsyncLeaseBase):
+    """A lease on a Redis lock, renewed in the background while held."""
+
+    __slots__ = ("_locker", "_ttl")
+    key: str
+
+    def __init__(
+        self,
+        locker: AsyncRedisLocker,
+        name: str,
+        key: str,
+        token: str,
+        fencing_token: int,
+        ttl: float,
+    ) -> None:
+        super().__init__(name, key, token, fencing_token, ttl)
+        self._locker = locker
+        self._ttl = ttl
+
+    async def _release(self) -> bool:
+        return await self._locker._release_lease(self)
+
+    async def _extend(self, ttl: float | None) -> float:
+        return await self._locker._extend_lease(self, self._ttl if ttl is None else ttl)
+
+
+class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
+    """A locker on one Redis server (``redis://``, ``rediss://``, ``unix://``)."""
+
+    def __init__(self, url: LockURL) -> None:
+        super().__init__(url, default_ttl=self._setup(url))
+        self._client = async_client(self._config)
+        self._acquire_script: AsyncScript = self._client.register_script(ACQUIRE)
+        self._release_script: AsyncScript = self._client.register_script(RELEASE)
+        self._extend_script: AsyncScript = self._client.register_script(EXTEND)
+
+    async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
+        return (await self._try_acquire_many([name], ttl))[name]
+
+    async def _try_acquire_many(
+        self, names: list[str], ttl: float
+    ) -> dict[str, AsyncLeaseBase | None]:
+        if not names:
+            return {}
+        keys, args, tokens = self._acquire_request(names, ttl)
+        start = time.monotonic()
+        try:
+            fences = await self._acquire_script(keys, args)
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "acquiring") from None
+        result: dict[str, AsyncLeaseBase | None] = {}
+        leases = []
+        for i, name in enumerate(names):
+            if fences[i]:
+                lease = AsyncRedisLease(self, name, keys[2 * i], tokens[i], fences[i], ttl)
+                leases.append(lease)
+                result[name] = lease
+            else:
+                result[name] = None
+        self._track(leases, start)
+        return result
+
+    async def _release_lease(self, lease: AsyncRedisLease) -> bool:
+        self._untrack(lease)
+        try:
+            freed = await self._release_script([lease.key], [lease.token])
+        except REDIS_ERRORS as exc:
+            if lease.lost.is_set():
+                return False  # already reported lost: its key expires on its own
+            raise translate(exc, self._url, "releasing") from None
+        return bool(freed)
+
+    async def _extend_lease(self, lease: AsyncRedisLease, ttl: float) -> float:
+        start = time.monotonic()
+        try:
+            answers = await self._extend_script([lease.key], [lease.token, self._ttl_ms(ttl)])
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "extending") from None
+        return self._extended(lease, answers[0], ttl, start)
+
+    async def _close(self) -> None:
+        keys, tokens = self._drop_all()
+        try:
+            if keys:
+                await self._release_script(keys, tokens)
+        except REDIS_ERRORS as exc:
+            self._close_failed(exc, len(keys))
+        finally:
+            await self._client.aclose()

@@ -1,0 +1,171 @@
+"""What the sync and async lockers share: keys, bookkeeping, introspection, hooks."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from multilock.abc import LockInfo
+from multilock.backend import Capability, LockURL, new_token
+from multilock.errors import ConfigurationError, LockLost, NotOwner
+
+from ._config import MIN_TTL, RedisConfig, parse_config, sync_client
+from ._errors import REDIS_ERRORS, translate
+from ._keys import fence_key, lock_key, name_of, scan_pattern
+from ._renewal import RenewedLease, Renewer, ttl_ms
+from ._scripts import HELD_ELSEWHERE
+
+__all__ = ["RedisHooks", "RedisLockerCommon"]
+
+_log = logging.getLogger("multilock.redis")
+
+
+class RedisLockerCommon:
+    """Mixed into both lockers: everything that does no I/O of its own."""
+
+    capabilities = frozenset(
+        {
+            Capability.TTL,
+            Capability.RENEWAL,
+            Capability.FENCING,
+            Capability.LOST_SIGNAL,
+            Capability.CROSS_PROCESS,
+            Capability.CROSS_HOST,
+            Capability.BATCH,
+            Capability.INTROSPECTION,
+        }
+    )
+    _url: LockURL
+
+    def _setup(self, url: LockURL) -> float:
+        self._config: RedisConfig = parse_config(url)
+        self._held: set[Any] = set()
+        self._renewer = Renewer(self._config, self._lost)
+        return self._config.ttl
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of this locker's Redis keys."""
+        return self._config.prefix
+
+    def _acquire_request(
+        self, names: list[str], ttl: float
+    ) -> tuple[list[str], list[str | int], list[str]]:
+        """Keys and arguments of the ACQUIRE script for ``names``, and their tokens."""
+        prefix = self._config.prefix
+        keys: list[str] = []
+        tokens = [new_token() for _ in names]
+        for name in names:
+            keys += (lock_key(name, prefix), fence_key(name, prefix))
+        return keys, [self._ttl_ms(ttl), *tokens], tokens
+
+    def _ttl_ms(self, ttl: float) -> int:
+        """``ttl`` in milliseconds, once checked against what renewal can keep up with."""
+        if ttl < MIN_TTL:
+            raise ConfigurationError(f"ttl {ttl}s is too short for redis (at least {MIN_TTL}s)")
+        return ttl_ms(ttl)
+
+    def _track(self, leases: list[Any], start: float) -> None:
+        """Hold and renew freshly acquired ``leases`` (acquired at monotonic ``start``)."""
+        if leases:
+            self._held.update(leases)
+            self._renewer.add(leases, start)
+
+    def _untrack(self, lease: Any) -> None:
+        self._held.discard(lease)
+        self._renewer.discard(lease)
+
+    def _lost(self, lease: RenewedLease, reason: str) -> None:
+        self._untrack(lease)
+        lease.lost.set(reason)
+
+    def _extended(self, lease: Any, answer: int, ttl: float, start: float) -> float:
+        """Apply EXTEND's ``answer`` for ``lease``: the new ttl, or the error to raise."""
+        if answer == 1:
+            lease._ttl = ttl
+            self._renewer.extended(lease, start)
+            return ttl
+        if answer == HELD_ELSEWHERE:
+            reason = f"lock {lease.key!r} is held by another owner"
+            self._lost(lease, reason)
+            raise NotOwner(f"cannot extend {lease.name!r}: {reason}")
+        reason = f"lock {lease.key!r} expired or was deleted on the server"
+        self._lost(lease, reason)
+        raise LockLost(f"cannot extend {lease.name!r}: {reason}")
+
+    def _drop_all(self) -> tuple[list[str], list[str]]:
+        """Stop renewing; the keys and tokens of the leases still held, now released."""
+        self._renewer.stop()
+        leases = list(self._held)
+        self._held.clear()
+        for lease in leases:
+            lease._released = True
+        return [lease.key for lease in leases], [lease.token for lease in leases]
+
+    def _close_failed(self, exc: BaseException, count: int) -> None:
+        _log.warning(
+            "%s; %d lease(s) stay until their ttl runs out",
+            translate(exc, self._url, "releasing leases on close"),
+            count,
+        )
+
+    def locks(self) -> list[LockInfo]:
+        """Every lock held under this locker's prefix and db, by any holder (SCAN)."""
+        prefix = self._config.prefix
+        client = sync_client(self._config)
+        try:
+            keys = [
+                key.decode("utf-8", "surrogateescape")
+                for key in client.scan_iter(match=scan_pattern(prefix), count=500)
+            ]
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+                pipe.pttl(key)
+                pipe.get(key + ":fence")
+            answers = pipe.execute()
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "listing locks") from None
+        finally:
+            client.close()
+        now = datetime.now(UTC)
+        found = []
+        for i, key in enumerate(keys):
+            token, pttl, fence = answers[3 * i : 3 * i + 3]
+            if token is None:
+                continue  # released between SCAN and GET
+            found.append(
+                LockInfo(
+                    key=key,
+                    name=name_of(key, prefix),
+                    holder=token.decode("utf-8", "replace"),
+                    expires_at=now + timedelta(milliseconds=pttl) if pttl >= 0 else None,
+                    details={"fencing_token": int(fence)} if fence is not None else {},
+                )
+            )
+        return found
+
+
+class RedisHooks:
+    """Conformance hooks of the Redis backend."""
+
+    def crash_release_bound(self, url: LockURL, ttl: float) -> float:
+        """A dead holder's key expires after its ttl; nothing frees it sooner."""
+        return ttl
+
+    def break_lease(self, url: LockURL, locker: object, lease: object) -> None:
+        """Delete the lease's key from another connection; its renewal then fires ``lost``."""
+        client = sync_client(parse_config(url))
+        try:
+            client.delete(lease.key)  # type: ignore[attr-defined]
+        finally:
+            client.close()
+
+    def unreachable_url(self, url: LockURL) -> str | None:
+        """A redis:// URL on a local port nobody listens on (refused at once)."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"

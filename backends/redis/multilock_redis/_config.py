@@ -1,0 +1,129 @@
+"""A lock URL turned into redis-py clients: options checked, retries off, timeouts on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+import redis.retry
+from redis.backoff import NoBackoff
+
+from multilock.backend import LockURL, OptionParser, as_duration, as_str
+from multilock.errors import InvalidOption, InvalidURL
+
+__all__ = ["RedisConfig", "async_client", "parse_config", "sync_client"]
+
+# Handed to redis-py untouched, which converts and checks them (TLS, db, pool...).
+_PASSTHROUGH = frozenset(
+    {
+        "db",
+        "password",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+        "client_name",
+        "health_check_interval",
+        "max_connections",
+        "socket_keepalive",
+        "protocol",
+    }
+)
+_OPTIONS = OptionParser(
+    {
+        "ttl": as_duration,
+        "prefix": as_str,
+        "socket_timeout": as_duration,
+        "connect_timeout": as_duration,
+    },
+    {"ttl": 30.0, "prefix": "multilock:", "socket_timeout": 5.0, "connect_timeout": 5.0},
+    passthrough=_PASSTHROUGH,
+)
+_SCHEMES = {"redis": "redis", "rediss": "rediss", "unix": "unix", "redis+unix": "unix"}
+MIN_TTL = 0.01
+"""Shorter leases could not be renewed (every ttl/3) over a network; refused."""
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """What a locker needs from its URL."""
+
+    url: LockURL
+    client_url: str
+    """The URL for redis-py: our options removed, scheme normalized. Holds the password."""
+    ttl: float
+    prefix: str
+    socket_timeout: float
+    connect_timeout: float
+
+    def __repr__(self) -> str:
+        return f"RedisConfig({self.url.masked!r})"
+
+
+def parse_config(url: LockURL) -> RedisConfig:
+    """Check ``url``'s options and build the redis-py URL; errors name the problem."""
+    values, passthrough = _OPTIONS.parse(url)
+    prefix = values["prefix"]
+    if "{" in prefix or "}" in prefix:
+        raise InvalidOption(
+            f"option 'prefix' of {url.masked!r} may not contain '{{' or '}}':"
+            " the lock name is the Redis Cluster hash tag"
+        )
+    if values["ttl"] < MIN_TTL:
+        raise InvalidOption(f"option 'ttl' of {url.masked!r} must be at least {MIN_TTL}s")
+    scheme = _SCHEMES.get(url.scheme)
+    if scheme is None:
+        raise InvalidURL(f"{url.masked!r} is not a redis://, rediss:// or unix:// URL")
+    rest = url.raw.split("://", 1)[1].split("#", 1)[0].split("?", 1)[0]
+    client_url = f"{scheme}://{rest}"
+    if passthrough:
+        client_url += "?" + urlencode(passthrough)
+    config = RedisConfig(
+        url,
+        client_url,
+        values["ttl"],
+        prefix,
+        values["socket_timeout"],
+        values["connect_timeout"],
+    )
+    sync_client(config).close()  # let redis-py reject a bad db, port or TLS option now
+    return config
+
+
+def sync_client(config: RedisConfig, timeout: float | None = None) -> redis.Redis:
+    """A redis-py client (it connects on first use); ``timeout`` caps the socket timeouts."""
+    client: redis.Redis = _open(
+        redis.Redis.from_url, config, redis.retry.Retry(NoBackoff(), 0), timeout
+    )
+    return client
+
+
+def async_client(config: RedisConfig) -> redis.asyncio.Redis:
+    """An asyncio redis-py client (it connects on first use, in the running loop)."""
+    client: redis.asyncio.Redis = _open(
+        redis.asyncio.Redis.from_url, config, redis.asyncio.retry.Retry(NoBackoff(), 0), None
+    )
+    return client
+
+
+def _open(factory: Any, config: RedisConfig, retry: object, timeout: float | None) -> Any:
+    socket_timeout = config.socket_timeout if timeout is None else timeout
+    try:
+        return factory(
+            config.client_url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=min(config.connect_timeout, socket_timeout),
+            # A retried acquire whose first answer was lost would report "held
+            # elsewhere" for our own lock: failures are reported, never replayed.
+            retry=retry,
+        )
+    except ValueError as exc:
+        raise InvalidURL(
+            f"invalid Redis URL {config.url.masked!r}: {config.url.redact(str(exc))}"
+        ) from None

@@ -1,0 +1,31 @@
+"""The one place where redis-py's errors become multilock's."""
+
+from __future__ import annotations
+
+from redis import exceptions as rex
+
+from multilock.backend import LockURL
+from multilock.errors import BackendUnavailable, MultilockError
+
+__all__ = ["REDIS_ERRORS", "translate"]
+
+REDIS_ERRORS = (rex.RedisError, OSError)
+"""What a Redis call may raise; ``except REDIS_ERRORS as exc: raise translate(...)``."""
+
+# Refusals that mean "ask again later or elsewhere", not "you asked wrongly".
+_TRANSIENT = (rex.ReadOnlyError, rex.ClusterDownError, rex.TryAgainError, rex.OutOfMemoryError)
+
+
+def translate(exc: BaseException, url: LockURL, doing: str) -> MultilockError:
+    """The multilock error for ``exc``, raised while ``doing`` against ``url``.
+
+    Connection, timeout, TLS and authentication failures, a server still loading
+    or a replica refusing writes are :class:`BackendUnavailable`: the backend
+    could not be asked. Any other refusal is a :class:`MultilockError` with the
+    server's message. The password never appears.
+    """
+    detail = url.redact(str(exc)) or type(exc).__name__
+    message = f"redis at {url.masked} failed while {doing}: {detail}"
+    if isinstance(exc, rex.ResponseError) and not isinstance(exc, _TRANSIENT):
+        return MultilockError(message)
+    return BackendUnavailable(message)

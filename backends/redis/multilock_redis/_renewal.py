@@ -1,0 +1,196 @@
+"""Automatic renewal: one thread per locker, with its own connection, renewing in batches.
+
+A thread, not a task: an event loop blocked by ``time.sleep`` or a CPU-bound sync
+job cannot starve it (CPython hands the GIL over every few milliseconds). Every
+lease of the locker shares the thread and its connection; the leases due at one
+wake-up are renewed by one script call, whatever their number.
+
+A lease is renewed every third of its ttl (a little earlier, to batch it with
+others). When Redis says the key is gone or taken, ``lost`` fires at once; when
+Redis cannot be asked, the renewal is retried until the lease's last confirmed
+expiry, and ``lost`` fires when that passes unconfirmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import redis
+
+from multilock.backend import LostSignal
+
+from ._config import RedisConfig, sync_client
+from ._errors import REDIS_ERRORS, translate
+from ._scripts import EXTEND, HELD_ELSEWHERE
+
+__all__ = ["Renewer", "ttl_ms"]
+
+_log = logging.getLogger("multilock.redis")
+_IDLE = 60.0  # how long an idle thread sleeps before it looks again
+_RETRY_CAP = 1.0  # the longest pause between two attempts while Redis is unreachable
+_MIN_TIMEOUT = 0.005
+
+
+class RenewedLease(Protocol):
+    """What the renewer needs of a lease."""
+
+    key: str
+    token: str
+    lost: LostSignal
+    _released: bool
+    _ttl: float
+
+    def _set_expiry(self, ttl: float | None) -> None: ...
+
+
+def ttl_ms(seconds: float) -> int:
+    """A ttl as Redis takes it: whole milliseconds, at least one."""
+    return max(1, round(seconds * 1000))
+
+
+class _Schedule:
+    __slots__ = ("deadline", "due")
+
+    def __init__(self, ttl: float, start: float) -> None:
+        self.deadline = start + ttl  # the expiry Redis last confirmed (monotonic clock)
+        self.due = start + ttl / 3
+
+
+class Renewer:
+    """Renews the TTL leases of one locker until they are released or lost.
+
+    ``on_lost(lease, reason)`` is called (from the renewal thread) for a lease
+    that is gone; it must fire the lease's ``lost`` signal.
+    """
+
+    def __init__(self, config: RedisConfig, on_lost: Callable[[RenewedLease, str], None]) -> None:
+        self._config = config
+        self._on_lost = on_lost
+        self._cond = threading.Condition(threading.Lock())
+        self._leases: dict[RenewedLease, _Schedule] = {}
+        self._wake_at = math.inf
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def add(self, leases: Iterable[RenewedLease], start: float) -> None:
+        """Renew ``leases``, acquired at monotonic time ``start``, from now on."""
+        with self._cond:
+            for lease in leases:
+                schedule = self._leases[lease] = _Schedule(lease._ttl, start)
+                if schedule.due < self._wake_at:
+                    self._wake_at = schedule.due
+                    self._cond.notify()
+            if self._thread is None and not self._stopping:
+                self._thread = threading.Thread(
+                    target=self._run, name="multilock-redis-renewal", daemon=True
+                )
+                self._thread.start()
+
+    def extended(self, lease: RenewedLease, start: float) -> None:
+        """``lease`` was extended to its ``_ttl`` at monotonic time ``start``."""
+        self.add([lease], start)
+
+    def discard(self, lease: RenewedLease) -> None:
+        """Stop renewing ``lease`` (released, or lost)."""
+        with self._cond:
+            self._leases.pop(lease, None)
+
+    def stop(self) -> None:
+        """Stop the thread; it closes its connection on its way out. Does not block."""
+        with self._cond:
+            self._stopping = True
+            self._leases.clear()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        client: redis.Redis | None = None
+        timeout = math.inf
+        try:
+            while True:
+                with self._cond:
+                    due = self._next_batch()
+                if due is None:
+                    return
+                batch, budget = due
+                if client is None or budget < timeout:
+                    # Never wait on a socket past a lease's confirmed expiry: it must
+                    # be reported lost by then, whatever the server does.
+                    if client is not None:
+                        client.close()
+                    client, timeout = sync_client(self._config, budget), budget
+                self._renew(client, batch)
+        finally:
+            if client is not None:
+                client.close()
+
+    def _next_batch(self) -> tuple[list[RenewedLease], float] | None:
+        """Wait (holding the condition) until some lease is due; ``None`` to stop.
+
+        Returns the leases to renew now and how long a renewal may take.
+        """
+        while not self._stopping:
+            now = time.monotonic()
+            wake = min((s.due for s in self._leases.values()), default=now + _IDLE)
+            if wake <= now:
+                self._wake_at = -math.inf  # adds during the round need no wake-up
+                batch = []
+                budget = self._config.socket_timeout
+                for lease, schedule in self._leases.items():
+                    if schedule.due <= now + lease._ttl / 6:
+                        batch.append(lease)
+                        budget = min(budget, schedule.deadline - now, lease._ttl / 3)
+                return batch, max(_MIN_TIMEOUT, budget)
+            self._wake_at = wake
+            self._cond.wait(wake - now)
+        return None
+
+    def _renew(self, client: redis.Redis, batch: list[RenewedLease]) -> None:
+        ttls = [lease._ttl for lease in batch]
+        args: list[str | int] = []
+        for lease, ttl in zip(batch, ttls, strict=True):
+            args += (lease.token, ttl_ms(ttl))
+        sent = time.monotonic()
+        try:
+            answers = client.register_script(EXTEND)([lease.key for lease in batch], args)
+        except REDIS_ERRORS as exc:
+            self._failed(batch, str(translate(exc, self._config.url, "renewing leases")))
+            return
+        for lease, ttl, answer in zip(batch, ttls, answers, strict=True):
+            if answer == 1:
+                with self._cond:
+                    schedule = self._leases.get(lease)
+                    if schedule is not None and schedule.deadline < sent + ttl:
+                        schedule.deadline, schedule.due = sent + ttl, sent + ttl / 3
+                lease._set_expiry(ttl)
+            elif answer == HELD_ELSEWHERE:
+                self._lose(lease, f"lock {lease.key!r} was taken by another holder")
+            else:
+                self._lose(lease, f"lock {lease.key!r} expired or was deleted on the server")
+
+    def _failed(self, batch: list[RenewedLease], reason: str) -> None:
+        now = time.monotonic()
+        expired = []
+        with self._cond:
+            for lease in batch:
+                schedule = self._leases.get(lease)
+                if schedule is None:
+                    continue
+                if schedule.deadline <= now:
+                    expired.append(lease)
+                else:
+                    retry = now + min(lease._ttl / 10, _RETRY_CAP)
+                    schedule.due = min(retry, schedule.deadline)
+        _log.warning("%s; retrying until the leases expire", reason)
+        for lease in expired:
+            self._lose(lease, f"lease could not be renewed before its expiry: {reason}")
+
+    def _lose(self, lease: RenewedLease, reason: str) -> None:
+        self.discard(lease)
+        if not lease._released:
+            _log.warning("lease %r lost: %s", lease.key, reason)
+            self._on_lost(lease, reason)

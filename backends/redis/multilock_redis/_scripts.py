@@ -1,0 +1,58 @@
+"""The Lua scripts: every lock operation is one atomic script call, one round trip.
+
+Each script takes any number of locks, so one name and many names cost the same
+single ``EVALSHA``. Ownership is always compared before a write: a stale holder's
+release or extend can never touch the lock of whoever holds the name now.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACQUIRE", "EXTEND", "HELD_ELSEWHERE", "RELEASE", "VANISHED"]
+
+ACQUIRE = """
+-- KEYS: lock1, fence1, lock2, fence2, ...  ARGV: ttl in ms, token1, token2, ...
+-- Returns per lock its new fencing token, or 0 when someone else holds it.
+local out = {}
+for i = 1, #KEYS / 2 do
+  if redis.call('SET', KEYS[2 * i - 1], ARGV[i + 1], 'NX', 'PX', ARGV[1]) then
+    out[i] = redis.call('INCR', KEYS[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+RELEASE = """
+-- KEYS: lock1, lock2, ...  ARGV: token1, token2, ...
+-- Compare-and-delete; returns how many locks this call freed.
+local freed = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i] then
+    freed = freed + redis.call('DEL', key)
+  end
+end
+return freed
+"""
+
+EXTEND = """
+-- KEYS: lock1, lock2, ...  ARGV: token1, ttl1 in ms, token2, ttl2, ...
+-- Compare-and-pexpire; returns per lock 1 (extended), 0 (gone) or -1 (another holder).
+local out = {}
+for i, key in ipairs(KEYS) do
+  local holder = redis.call('GET', key)
+  if holder == ARGV[2 * i - 1] then
+    out[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  elseif holder then
+    out[i] = -1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+VANISHED = 0
+"""EXTEND's answer for a lock whose key is gone (expired or deleted)."""
+HELD_ELSEWHERE = -1
+"""EXTEND's answer for a lock now held under another token."""

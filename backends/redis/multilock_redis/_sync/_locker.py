@@ -1,0 +1,112 @@
+# This file was generated from the async source by scripts/unasync.py:
+# backends/redis/multilock_redis/_async/_locker.py.
+# Do not edit it; change the source and rerun the script.
+"""The Redis locker and lease: the source of truth for both APIs.
+
+The sync API in ``_sync/`` is generated from this module by
+``scripts/unasync.py``; change this file, then rerun the script.
+"""
+
+from __future__ import annotations
+
+import time
+
+from redis.commands.core import Script
+
+from multilock.backend import LeaseBase, LockerBase, LockURL
+
+from .._common import RedisLockerCommon
+from .._config import sync_client
+from .._errors import REDIS_ERRORS, translate
+from .._scripts import ACQUIRE, EXTEND, RELEASE
+
+__all__ = ["RedisLease", "RedisLocker"]
+
+
+class RedisLease(LeaseBase):
+    """A lease on a Redis lock, renewed in the background while held."""
+
+    __slots__ = ("_locker", "_ttl")
+    key: str
+
+    def __init__(
+        self,
+        locker: RedisLocker,
+        name: str,
+        key: str,
+        token: str,
+        fencing_token: int,
+        ttl: float,
+    ) -> None:
+        super().__init__(name, key, token, fencing_token, ttl)
+        self._locker = locker
+        self._ttl = ttl
+
+    def _release(self) -> bool:
+        return self._locker._release_lease(self)
+
+    def _extend(self, ttl: float | None) -> float:
+        return self._locker._extend_lease(self, self._ttl if ttl is None else ttl)
+
+
+class RedisLocker(RedisLockerCommon, LockerBase):
+    """A locker on one Redis server (``redis://``, ``rediss://``, ``unix://``)."""
+
+    def __init__(self, url: LockURL) -> None:
+        super().__init__(url, default_ttl=self._setup(url))
+        self._client = sync_client(self._config)
+        self._acquire_script: Script = self._client.register_script(ACQUIRE)
+        self._release_script: Script = self._client.register_script(RELEASE)
+        self._extend_script: Script = self._client.register_script(EXTEND)
+
+    def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
+        return (self._try_acquire_many([name], ttl))[name]
+
+    def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
+        if not names:
+            return {}
+        keys, args, tokens = self._acquire_request(names, ttl)
+        start = time.monotonic()
+        try:
+            fences = self._acquire_script(keys, args)
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "acquiring") from None
+        result: dict[str, LeaseBase | None] = {}
+        leases = []
+        for i, name in enumerate(names):
+            if fences[i]:
+                lease = RedisLease(self, name, keys[2 * i], tokens[i], fences[i], ttl)
+                leases.append(lease)
+                result[name] = lease
+            else:
+                result[name] = None
+        self._track(leases, start)
+        return result
+
+    def _release_lease(self, lease: RedisLease) -> bool:
+        self._untrack(lease)
+        try:
+            freed = self._release_script([lease.key], [lease.token])
+        except REDIS_ERRORS as exc:
+            if lease.lost.is_set():
+                return False  # already reported lost: its key expires on its own
+            raise translate(exc, self._url, "releasing") from None
+        return bool(freed)
+
+    def _extend_lease(self, lease: RedisLease, ttl: float) -> float:
+        start = time.monotonic()
+        try:
+            answers = self._extend_script([lease.key], [lease.token, self._ttl_ms(ttl)])
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "extending") from None
+        return self._extended(lease, answers[0], ttl, start)
+
+    def _close(self) -> None:
+        keys, tokens = self._drop_all()
+        try:
+            if keys:
+                self._release_script(keys, tokens)
+        except REDIS_ERRORS as exc:
+            self._close_failed(exc, len(keys))
+        finally:
+            self._client.close()

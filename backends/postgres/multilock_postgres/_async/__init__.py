@@ -1,0 +1,1 @@
+"""The async PostgreSQL locker: the one source the sync code is generated from."""

@@ -1,0 +1,151 @@
+"""From a ``postgresql://`` lock URL to libpq connection parameters and locker settings."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg.conninfo import make_conninfo
+
+from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str
+from multilock.errors import InvalidOption
+
+__all__ = ["LIBPQ_PARAMETERS", "Settings", "parse_settings"]
+
+# libpq connection parameters handed on unchanged: TLS, auth, routing, keepalive tuning.
+LIBPQ_PARAMETERS = frozenset(
+    {
+        "channel_binding",
+        "client_encoding",
+        "dbname",
+        "gssdelegation",
+        "gssencmode",
+        "gsslib",
+        "host",
+        "hostaddr",
+        "keepalives",
+        "keepalives_count",
+        "keepalives_idle",
+        "keepalives_interval",
+        "krbsrvname",
+        "load_balance_hosts",
+        "options",
+        "passfile",
+        "password",
+        "port",
+        "require_auth",
+        "requirepeer",
+        "service",
+        "sslcert",
+        "sslcertmode",
+        "sslcompression",
+        "sslcrl",
+        "sslcrldir",
+        "sslkey",
+        "sslmax_protocol_version",
+        "sslmin_protocol_version",
+        "sslmode",
+        "sslnegotiation",
+        "sslpassword",
+        "sslrootcert",
+        "sslsni",
+        "target_session_attrs",
+        "tcp_user_timeout",
+        "user",
+    }
+)
+
+_OPTIONS = OptionParser(
+    {
+        "application_name": as_str,
+        "connect_timeout": as_duration,
+        "health_interval": as_duration,
+        "fencing": as_bool,
+        "fencing_sequence": as_str,
+        "ttl": as_duration,
+    },
+    {
+        "connect_timeout": 5.0,
+        "health_interval": 5.0,
+        "fencing": False,
+        "fencing_sequence": "multilock_fence",
+        "ttl": 30.0,
+    },
+    passthrough=LIBPQ_PARAMETERS,
+)
+_IDENT = r"[a-z_][a-z0-9_$]*"
+_SEQUENCE = re.compile(rf"{_IDENT}(?:\.{_IDENT})?")
+_NAMEDATALEN = 63  # the server truncates application_name to this many bytes
+
+
+@dataclass(frozen=True, repr=False)
+class Settings:
+    """What a locker needs from its URL. ``conninfo`` never holds the password."""
+
+    url: LockURL
+    conninfo: str
+    password: str | None = field(compare=False)
+    health_interval: float
+    fencing_sequence: str | None
+    """The sequence fencing tokens come from, or ``None`` when fencing is off."""
+    ttl: float
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``psycopg.Connection.connect`` besides the conninfo."""
+        return {"password": self.password, "autocommit": True, "prepare_threshold": None}
+
+    def __repr__(self) -> str:
+        return f"Settings({self.url.masked!r})"
+
+
+def default_application_name() -> str:
+    """``multilock <host> pid <pid>``: who holds a lock, as pg_stat_activity shows it."""
+    name = f"multilock {socket.gethostname()} pid {os.getpid()}"
+    return name.encode()[:_NAMEDATALEN].decode(errors="ignore")
+
+
+def parse_settings(url: LockURL) -> Settings:
+    """Validate ``url``'s options and build the libpq parameters; bad input raises
+    :class:`~multilock.errors.InvalidOption` naming the option."""
+    values, libpq = _OPTIONS.parse(url)
+    sequence = values["fencing_sequence"]
+    if not _SEQUENCE.fullmatch(sequence):
+        raise InvalidOption(
+            f"invalid value for option 'fencing_sequence' of {url.scheme}:// URL: {sequence!r}"
+            " is not a sequence name (name or schema.name in lower case: letters, digits, _ and $)"
+        )
+    password = libpq.pop("password", url.password)
+    interval = float(values["health_interval"])
+    params: dict[str, Any] = {
+        "host": ",".join(host for host, _ in url.hosts) or None,
+        "port": ",".join(str(port or "") for _, port in url.hosts) or None,
+        "dbname": url.path.lstrip("/") or None,
+        "user": url.username,
+        "application_name": values.get("application_name") or default_application_name(),
+        # libpq takes whole seconds; round up so that a short timeout never means "none".
+        "connect_timeout": max(1, math.ceil(values["connect_timeout"])),
+        # Keepalives and a TCP user timeout bound how long a cut network goes unnoticed.
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(interval)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(1000, math.ceil(interval * 1000)),
+    }
+    if len(url.hosts) > 1:
+        # Advisory locks taken on a standby do not exclude holders on the primary.
+        params["target_session_attrs"] = "read-write"
+    params.update(libpq)
+    if params["port"] is not None and not params["port"].strip(","):
+        params["port"] = None
+    return Settings(
+        url=url,
+        conninfo=make_conninfo("", **params),
+        password=password,
+        health_interval=interval,
+        fencing_sequence=sequence if values["fencing"] else None,
+        ttl=float(values["ttl"]),
+    )

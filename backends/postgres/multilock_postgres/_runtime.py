@@ -1,0 +1,123 @@
+"""The concurrency primitives the generated sync code swaps for the async ones.
+
+The locker is written once, for asyncio, under ``_async/``; ``scripts/unasync.py``
+renames ``AsyncMutex`` to ``Mutex`` and ``AsyncTicker`` to ``Ticker`` when it
+generates ``_sync/``. Each pair here has the same shape in both worlds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+
+from multilock import advisory_key
+
+__all__ = ["AsyncMutex", "AsyncTicker", "KeyCache", "Mutex", "Ticker"]
+
+_log = logging.getLogger("multilock.postgres")
+
+AsyncMutex = asyncio.Lock
+"""Serializes the tasks sharing one session connection."""
+
+Mutex = threading.Lock
+"""Serializes the threads sharing one session connection."""
+
+
+class Ticker:
+    """Calls ``tick()`` every ``interval`` seconds on a daemon thread, off the callers'
+    threads, so that a caller blocked elsewhere cannot delay a health check.
+
+    The thread holds the owner only weakly: a locker dropped without ``close()``
+    does not keep a thread alive forever.
+    """
+
+    def __init__(self, interval: float, tick: Callable[[], None], name: str) -> None:
+        self._interval = interval
+        self._tick = weakref.WeakMethod(tick)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            tick = self._tick()
+            if tick is None:
+                return
+            try:
+                tick()
+            except Exception:  # a health check must never die of one bad tick
+                _log.exception("PostgreSQL session health check failed")
+            del tick
+
+    def stop(self) -> None:
+        """Stop the thread and wait for a tick in progress (unless called from it)."""
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+class AsyncTicker:
+    """Awaits ``tick()`` every ``interval`` seconds in a task of the running loop."""
+
+    def __init__(self, interval: float, tick: Callable[[], Awaitable[None]], name: str) -> None:
+        self._interval = interval
+        self._tick = weakref.WeakMethod(tick)
+        self._stop = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), self._interval)
+                return
+            except TimeoutError:
+                pass
+            tick = self._tick()
+            if tick is None:
+                return
+            try:
+                await tick()
+            except Exception:  # a health check must never die of one bad tick
+                _log.exception("PostgreSQL session health check failed")
+            del tick
+
+    async def stop(self) -> None:
+        """Stop the task and wait for a tick in progress (unless called from it)."""
+        self._stop.set()
+        if asyncio.current_task() is not self._task and not self._task.done():
+            try:
+                await self._task
+            except RuntimeError:  # the task belongs to a loop that is gone
+                pass
+
+
+class KeyCache:
+    """Advisory keys of the names seen, and names of the keys seen, both bounded.
+
+    Hashing a name costs more than a dict hit on the hot path, and ``locks()``
+    can only name a key it has seen hashed: advisory keys are one-way.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._keys: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+
+    def key(self, name: str) -> int:
+        """The advisory key of ``name``."""
+        key = self._keys.get(name)
+        if key is None:
+            key = advisory_key(name)
+            if len(self._keys) >= self._size:
+                # Oldest first; another thread may have evicted it already.
+                self._names.pop(self._keys.pop(next(iter(self._keys)), 0), None)
+            self._keys[name] = key
+            self._names[key] = name
+        return key
+
+    def name(self, key: int) -> str | None:
+        """The last name seen with ``key``, if still remembered."""
+        return self._names.get(key)

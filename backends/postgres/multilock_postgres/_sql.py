@@ -1,0 +1,80 @@
+"""The SQL a locker sends: each statement is one round trip, prepared once per session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+__all__ = [
+    "LOCKS",
+    "PING",
+    "UNLOCK",
+    "UNLOCK_ALL",
+    "UNLOCK_MANY",
+    "Statements",
+    "ensure_sequence",
+    "statements",
+]
+
+PING = "SELECT 1"
+UNLOCK = "SELECT pg_advisory_unlock(%b)"
+UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
+UNLOCK_MANY = "SELECT pg_advisory_unlock(k) FROM unnest(%b::bigint[]) AS k"
+
+# A bigint advisory key is stored as classid (high 32 bits) and objid (low 32 bits),
+# objsubid 1; recombined in Python, where the sign is easy to get right.
+LOCKS = """
+SELECT l.classid::bigint, l.objid::bigint, l.pid, a.application_name,
+       host(a.client_addr), a.backend_start, a.query_start
+FROM pg_locks AS l
+LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY a.backend_start, l.pid, l.classid, l.objid
+"""
+
+
+@dataclass(frozen=True)
+class Statements:
+    """The acquire statements of one configuration (with or without fencing).
+
+    Both return the fencing token -- ``0`` when the lock was not granted and
+    ``NULL`` when it was but fencing is off -- so that one code path reads both.
+    ``nextval`` runs only for a granted lock: a failed try burns no token.
+    """
+
+    lock: sql.Composed
+    lock_many: sql.Composed
+
+
+def statements(sequence: str | None) -> Statements:
+    """The acquire statements, fenced by ``sequence`` when it is given."""
+    token: sql.Composable = sql.SQL("NULL::bigint")
+    if sequence is not None:
+        token = sql.SQL("nextval({})").format(sql.Literal(sequence))
+    granted = sql.SQL("CASE WHEN pg_try_advisory_lock({key}) THEN {token} ELSE 0 END")
+    return Statements(
+        lock=sql.SQL("SELECT {}").format(granted.format(key=sql.SQL("%b"), token=token)),
+        lock_many=sql.SQL("SELECT k, {} FROM unnest(%b::bigint[]) AS k").format(
+            granted.format(key=sql.Identifier("k"), token=token)
+        ),
+    )
+
+
+def ensure_sequence(sequence: str) -> tuple[sql.Composed, sql.Composed]:
+    """(look-up, creation) statements for the fencing sequence.
+
+    Look first and create only when missing, so that a role without CREATE
+    privilege can use a sequence an administrator made. ``CACHE 1`` matters:
+    with a larger cache each session hands out its own block of numbers and
+    tokens would no longer increase across holders.
+    """
+    look = sql.SQL(
+        "SELECT s.cache_size FROM pg_sequences AS s"
+        " WHERE format('%I.%I', s.schemaname, s.sequencename)::regclass = to_regclass({})"
+    ).format(sql.Literal(sequence))
+    create = sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} AS bigint MINVALUE 1 CACHE 1").format(
+        sql.Identifier(*sequence.split("."))
+    )
+    return look, create

@@ -1,0 +1,384 @@
+# This file was generated from the async source by scripts/unasync.py:
+# backends/postgres/multilock_postgres/_async/locker.py.
+# Do not edit it; change the source and rerun the script.
+"""The PostgreSQL locker: advisory locks on one dedicated session connection.
+
+One connection per locker holds every lease of that locker; it is never
+pooled and runs in autocommit, so a lock lives exactly as long as the session.
+Advisory locks are re-entrant per session, so the locker tracks what it holds
+by key: a second acquirer of a held key in this process gets ``None``, and each
+key is unlocked exactly once. Every use of the connection is serialized by one
+mutex, held only across a single round trip (or a connect).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.numeric import Int8
+
+from multilock.backend import Capability, LeaseBase, LockerBase, LockInfo, LockURL
+from multilock.backend import new_token as _new_token
+from multilock.errors import BackendUnavailable, MultilockError
+
+from .. import _sql
+from .._config import Settings, parse_settings
+from .._errors import driver_error
+from .._runtime import KeyCache, Mutex, Ticker
+
+__all__ = ["PostgresLease", "PostgresLocker"]
+
+_log = logging.getLogger("multilock.postgres")
+
+_Lost = list[tuple["PostgresLease", str]]
+"""Leases whose session died, with the reason: fired once the mutex is released."""
+
+_CAPABILITIES = frozenset(
+    {
+        Capability.SESSION,
+        Capability.CROSS_PROCESS,
+        Capability.CROSS_HOST,
+        Capability.LOST_SIGNAL,
+        Capability.INTROSPECTION,
+        Capability.BATCH,
+    }
+)
+
+
+class PostgresLease(LeaseBase):
+    """A session advisory lock. ``expires_at`` is ``None``: it lasts as long as the
+    session, and ``extend()`` only checks that the session is alive."""
+
+    __slots__ = ("_locker", "acquired_at")
+
+    key: int
+    _locker: PostgresLocker
+    acquired_at: datetime
+    """When the server granted the lock (local clock, UTC)."""
+
+    def _release(self) -> bool:
+        return self._locker._unlock(self)
+
+    def _extend(self, ttl: float | None) -> float | None:
+        self._locker._check_alive(self)
+        return None
+
+
+class PostgresLocker(LockerBase):
+    """Locks of a ``postgresql://`` URL, taken with ``pg_try_advisory_lock``."""
+
+    max_name_length = None
+
+    def __init__(self, url: LockURL) -> None:
+        settings = parse_settings(url)
+        super().__init__(url, default_ttl=settings.ttl)
+        self._settings: Settings = settings
+        self._statements = _sql.statements(settings.fencing_sequence)
+        fencing = {Capability.FENCING} if settings.fencing_sequence else set()
+        self.capabilities = _CAPABILITIES | fencing
+        self._mutex = Mutex()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._cursor: psycopg.Cursor[Any] | None = None
+        self._pid: int | None = None
+        self._held: dict[int, PostgresLease] = {}
+        self._suspects: set[int] = set()
+        self._keys = KeyCache()
+        self._ticker: Ticker | None = None
+
+    @property
+    def session_pid(self) -> int | None:
+        """The server process id of the session holding the leases (``None`` when
+        not connected): what ``pg_terminate_backend`` would end."""
+        return self._pid
+
+    # -- acquiring ----------------------------------------------------------------------
+
+    def _try_acquire(self, name: str, ttl: float) -> PostgresLease | None:
+        key = self._keys.key(name)
+        lost: _Lost = []
+        try:
+            with self._mutex:
+                if key in self._held:
+                    return None  # this session holds it: re-entry would be a second owner
+                rows = self._ask_lock(self._statements.lock, (Int8(key),), [key], lost)
+                fence = rows[0][0]
+                return None if fence == 0 else self._grant(name, key, fence)
+        finally:
+            _fire(lost)
+
+    def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
+        keys = [self._keys.key(name) for name in names]
+        lost: _Lost = []
+        try:
+            with self._mutex:
+                # Ask once per distinct key not held here: a key twice in one batch
+                # would be granted twice by the re-entrant session lock.
+                wanted = [k for k in dict.fromkeys(keys) if k not in self._held]
+                granted: dict[int, int | None] = {}
+                if wanted:
+                    params = ([Int8(k) for k in wanted],)
+                    rows = self._ask_lock(self._statements.lock_many, params, wanted, lost)
+                    granted = {key: fence for key, fence in rows if fence != 0}
+                result: dict[str, LeaseBase | None] = {}
+                for name, key in zip(names, keys, strict=True):
+                    take = key in granted and key not in self._held
+                    result[name] = self._grant(name, key, granted[key]) if take else None
+                return result
+        finally:
+            _fire(lost)
+
+    def _grant(self, name: str, key: int, fence: int | None) -> PostgresLease:
+        lease = PostgresLease(name, key, _new_token(), fence)
+        lease._locker = self
+        lease.acquired_at = datetime.now(UTC)
+        self._held[key] = lease
+        return lease
+
+    # -- releasing ----------------------------------------------------------------------
+
+    def _unlock(self, lease: PostgresLease) -> bool:
+        lost: _Lost = []
+        try:
+            with self._mutex:
+                if self._held.get(lease.key) is not lease:
+                    return False  # lost with its session, or never ours: nothing to free
+                try:
+                    rows = self._ask(
+                        _sql.UNLOCK, (Int8(lease.key),), lost, "release", reconnect=False
+                    )
+                except MultilockError as exc:
+                    # A dead session took the lock with it. A live one that failed to
+                    # answer keeps the key tracked, to be unlocked on close.
+                    _log.warning("releasing %r: %s", lease.name, exc)
+                    return False
+                del self._held[lease.key]
+                if not rows[0][0]:
+                    _log.error(
+                        "advisory key %s of %r was not held by its session", lease.key, lease.name
+                    )
+                return bool(rows[0][0])
+        finally:
+            _fire(lost)
+
+    # -- health -------------------------------------------------------------------------
+
+    def _check_alive(self, lease: PostgresLease) -> None:
+        """One round trip on the session: if it is dead, the lease is reported lost."""
+        lost: _Lost = []
+        try:
+            with self._mutex:
+                if self._held.get(lease.key) is lease:
+                    try:
+                        self._ask(_sql.PING, None, lost, "extend", reconnect=False)
+                    except MultilockError:
+                        if self._held.get(lease.key) is lease:
+                            raise  # the session lives on but could not answer
+        finally:
+            _fire(lost)
+        lease._check_extendable()
+
+    def _health_check(self) -> None:
+        lost: _Lost = []
+        try:
+            with self._mutex:
+                if self._held and self._cursor is not None:
+                    self._ask(_sql.PING, None, lost, "health check", reconnect=False)
+        except Exception as exc:
+            _log.debug("PostgreSQL session health check: %s", exc)
+        finally:
+            _fire(lost)
+
+    # -- the session --------------------------------------------------------------------
+
+    def _ask(
+        self,
+        query: Any,
+        params: Sequence[Any] | None,
+        lost: _Lost,
+        doing: str,
+        *,
+        reconnect: bool = True,
+    ) -> list[Any]:
+        """One round trip on the session, connecting first if needed. Caller holds
+        the mutex. If an established session turns out dead, its leases go to
+        ``lost`` and, when ``reconnect``, the query is asked once more on a new
+        session: the old session's locks died with it, so nothing is granted twice."""
+        retry = reconnect
+        while True:
+            cursor = self._cursor
+            if cursor is None:
+                if not reconnect:
+                    raise BackendUnavailable(f"PostgreSQL at {self.url}: not connected")
+                cursor = self._connect()
+                retry = False
+            elif self._suspects:
+                self._unlock_suspects(cursor)
+            try:
+                cursor.execute(query, params, prepare=True)
+                return cursor.fetchall()
+            except psycopg.Error as exc:
+                conn = self._conn
+                if conn is not None and not conn.closed and not conn.broken:
+                    raise driver_error(self._settings.url, exc, doing) from None
+                lost += self._drop_session(f"the PostgreSQL session ended: {_reason(exc)}")
+                if not retry:
+                    raise driver_error(self._settings.url, exc, doing) from None
+                retry = False
+
+    def _ask_lock(
+        self, query: Any, params: Sequence[Any], keys: list[int], lost: _Lost
+    ) -> list[Any]:
+        """``_ask`` for an acquire statement. An interruption that lands while it is
+        in flight (psycopg cancels the query, but the server may already have
+        granted the lock) leaves the keys suspect: unlocked before the next query."""
+        try:
+            return self._ask(query, params, lost, "try_acquire")
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._suspects.update(keys)
+            raise
+
+    def _unlock_suspects(self, cursor: psycopg.Cursor[Any]) -> None:
+        keys = [Int8(k) for k in self._suspects if k not in self._held]
+        self._suspects.clear()
+        if keys:
+            cursor.execute(_sql.UNLOCK_MANY, (keys,), prepare=True)
+
+    def _connect(self) -> psycopg.Cursor[Any]:
+        settings = self._settings
+        if self._closed:
+            raise MultilockError(f"{self!r} is closed")
+        try:
+            conn = psycopg.Connection.connect(settings.conninfo, **settings.connect_kwargs())
+        except psycopg.Error as exc:
+            raise driver_error(settings.url, exc, "connecting") from None
+        try:
+            if settings.fencing_sequence is not None:
+                _ensure_sequence(conn, settings.fencing_sequence)
+        except psycopg.Error as exc:
+            conn.close()
+            raise driver_error(settings.url, exc, "preparing the fencing sequence") from None
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._cursor = conn.cursor(binary=True)
+        self._pid = conn.info.backend_pid
+        if self._ticker is None:
+            self._ticker = Ticker(
+                settings.health_interval,
+                self._health_check,
+                f"multilock-postgres-health-{self._pid}",
+            )
+        return self._cursor
+
+    def _drop_session(self, reason: str) -> _Lost:
+        """Forget a dead session; return its leases, to be fired outside the mutex."""
+        conn, self._conn, self._cursor, self._pid = self._conn, None, None, None
+        leases = [(lease, reason) for lease in self._held.values()]
+        self._held.clear()
+        self._suspects.clear()
+        if conn is not None:
+            conn.close()
+        return leases
+
+    def _close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+        with self._mutex:
+            conn, self._conn, self._cursor, self._pid = self._conn, None, None, None
+            leases = list(self._held.values())
+            self._held.clear()
+            for lease in leases:
+                lease._released = True
+            if conn is None:
+                return
+            try:
+                if leases:
+                    # Unlock before closing: the server ends a closed session a little
+                    # later, and the next holder should not have to wait for that.
+                    conn.execute(_sql.UNLOCK_ALL)
+            except psycopg.Error as exc:
+                _log.debug("unlocking on close: %s", exc)
+            finally:
+                conn.close()
+
+    # -- introspection ------------------------------------------------------------------
+
+    def locks(self) -> list[LockInfo]:
+        """The advisory locks held in this database, by any session.
+
+        ``since`` is when this locker took the lock, for its own leases, and
+        otherwise the holder session's ``backend_start`` (the lock was taken at
+        or after it; PostgreSQL does not record when). ``name`` is known for the
+        names this locker has seen; other keys show ``name=None``.
+        """
+        lost: _Lost = []
+        try:
+            with self._mutex:
+                rows = self._ask(_sql.LOCKS, None, lost, "listing locks")
+                mine = dict(self._held)
+                own_pid = self._pid
+        finally:
+            _fire(lost)
+        infos = []
+        for classid, objid, pid, app, addr, backend_start, query_start in rows:
+            key = _signed64((classid << 32) | objid)
+            lease = mine.get(key) if pid == own_pid else None
+            infos.append(
+                LockInfo(
+                    key=key,
+                    name=lease.name if lease else self._keys.name(key),
+                    holder=_holder(pid, app, addr),
+                    since=lease.acquired_at if lease else backend_start,
+                    details={
+                        "pid": pid,
+                        "application_name": app,
+                        "client_addr": addr,
+                        "backend_start": backend_start,
+                        "query_start": query_start,
+                        "since_is": "acquired" if lease else "backend_start",
+                        "fencing_token": lease.fencing_token if lease else None,
+                    },
+                )
+            )
+        return infos
+
+
+def _ensure_sequence(conn: psycopg.Connection[Any], sequence: str) -> None:
+    look, create = _sql.ensure_sequence(sequence)
+    row = (conn.execute(look)).fetchone()
+    if row is None:
+        conn.execute(create)
+        row = (conn.execute(look)).fetchone()
+    if row is None or row[0] != 1:
+        raise psycopg.ProgrammingError(
+            f"fencing sequence {sequence!r} has CACHE {row[0] if row else '?'}; it needs CACHE 1"
+            " so that tokens increase across sessions"
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+def _holder(pid: int, app: str | None, addr: str | None) -> str:
+    where = f" from {addr}" if addr else ""
+    return f"pid {pid} {app!r}{where}" if app else f"pid {pid}{where}"
+
+
+def _fire(lost: _Lost) -> None:
+    """Fire ``lost`` outside the mutex: a callback may call back into the locker.
+    A lease whose release was under way when its session died is not reported."""
+    for lease, reason in lost:
+        if not lease._released:
+            lease.lost.set(reason)

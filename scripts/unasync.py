@@ -56,6 +56,16 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "AsyncPostgresLocker": "PostgresLocker",
         },
     ),
+    (
+        "backends/zookeeper/multilock_zookeeper/_async",
+        "backends/zookeeper/multilock_zookeeper/_sync",
+        {
+            "AsyncZooKeeperLease": "ZooKeeperLease",
+            "AsyncZooKeeperLocker": "ZooKeeperLocker",
+            "async_settle": "sync_settle",
+            "async_stop": "sync_stop",
+        },
+    ),
 ]
 
 

@@ -1,0 +1,65 @@
+"""The ``zookeeper://`` backend object and its conformance hooks."""
+
+from __future__ import annotations
+
+import socket
+
+from kazoo.client import KazooClient
+
+from multilock.backend import LockURL
+
+from ._async.locker import AsyncZooKeeperLocker
+from ._config import Config
+from ._errors import unavailable
+from ._sync.locker import ZooKeeperLocker
+
+__all__ = ["ZooKeeperBackend", "backend"]
+
+
+class _ZooKeeperHooks:
+    def crash_release_bound(self, url: LockURL, ttl: float) -> float:
+        # A dead holder's session expires after its timeout, at the server's next tick
+        # (a tick is at most half the minimum session timeout); plus scheduling slack.
+        return Config.from_url(url).session_timeout * 1.5 + 0.5
+
+    def break_lease(self, url: LockURL, locker: object, lease: object) -> None:
+        # Expire the holder's session as ZooKeeper would: a second client attaches to
+        # the same session (id and password) and closes it (kazoo's own test pattern).
+        client_id = locker._session.client.client_id  # type: ignore[attr-defined]
+        if client_id is None:
+            raise RuntimeError("the locker has no session to expire")
+        config = Config.from_url(url)
+        intruder = KazooClient(
+            hosts=config.hosts, timeout=config.session_timeout, client_id=client_id
+        )
+        try:
+            intruder.start(timeout=config.connect_timeout)
+            intruder.stop()
+        except Exception as exc:
+            raise unavailable(url, "expiring a session", exc) from None
+        finally:
+            intruder.close()
+
+    def unreachable_url(self, url: LockURL) -> str | None:
+        # A loopback port that was free a moment ago: connection refused at once.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        return f"{url.scheme}://127.0.0.1:{port}{url.path}?connect_timeout=1"
+
+
+class ZooKeeperBackend:
+    """The ``zookeeper://`` and ``zk://`` backend (entry points of ``multilock.backends``)."""
+
+    conformance = _ZooKeeperHooks()
+
+    def connect(self, url: LockURL) -> ZooKeeperLocker:
+        """A sync locker (connects on first use)."""
+        return ZooKeeperLocker(url)
+
+    def connect_async(self, url: LockURL) -> AsyncZooKeeperLocker:
+        """An async locker (connects on first use, without blocking the loop)."""
+        return AsyncZooKeeperLocker(url)
+
+
+backend = ZooKeeperBackend()

@@ -1,0 +1,68 @@
+"""Waiting for kazoo's asynchronous results, from a thread or from asyncio.
+
+kazoo has no asyncio API: every request returns an ``IAsyncResult`` that
+kazoo's own threads complete. The sync side blocks on it; the async side
+registers a ``rawlink`` callback, which kazoo runs on its completion thread,
+and that callback wakes an asyncio future through ``call_soon_threadsafe``.
+No thread is started per call. Both only *wait*: they never take a result
+apart, so that what a result means is decided once, in ``_session``.
+
+The ``_async`` locker calls ``async_settle`` and ``async_stop``;
+``scripts/unasync.py`` turns them into ``sync_settle`` and ``sync_stop`` in the
+generated ``_sync`` locker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["async_settle", "async_stop", "sync_settle", "sync_stop"]
+
+
+def sync_settle(result: Any, deadline: float) -> bool:
+    """Block until ``result`` is ready or ``deadline`` (monotonic) passes; return readiness."""
+    if result.ready():
+        return True
+    return bool(result.wait(max(0.0, deadline - time.monotonic())))
+
+
+async def async_settle(result: Any, deadline: float) -> bool:
+    """Await ``result`` without blocking the loop until ready or ``deadline``; return readiness."""
+    if result.ready():
+        return True
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+
+    def wake(_: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(_resolve, woken)
+        except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
+            pass
+
+    result.rawlink(wake)
+    try:
+        await asyncio.wait_for(woken, max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        pass
+    finally:
+        result.unlink(wake)
+    return bool(result.ready())
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def sync_stop(stop: Callable[[], None]) -> None:
+    """Run kazoo's blocking session close."""
+    stop()
+
+
+async def async_stop(stop: Callable[[], None]) -> None:
+    """Run kazoo's blocking session close off the loop: it joins kazoo's threads, which
+    takes a round trip when connected. Once per locker, so one short-lived thread is fine."""
+    await asyncio.to_thread(stop)

@@ -1,0 +1,542 @@
+"""One kazoo session per locker: requests, their meaning, and the session's state.
+
+Everything here is shared by the sync and the async locker. A method either
+*sends* requests (returning kazoo ``IAsyncResult`` objects, never blocking) or
+*interprets* results that are already ready; the lockers only wait in between
+(see ``_bridge``). So the protocol -- one ephemeral create per lock, its czxid
+as fencing token, a version-checked delete, what each kazoo error means -- is
+written once.
+
+The session's state drives ``lost``: kazoo reports ``SUSPENDED`` when the
+connection drops (the session may still live) and ``LOST`` when the session
+expired. ``LOST`` always fires ``lost``; ``SUSPENDED`` does too unless the URL
+says ``suspended=keep``. Nodes we can no longer vouch for become *orphans*:
+deleted as soon as the same session is connected again (if it expired, the
+server already deleted them), and never re-created meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, Protocol, TypeVar
+from urllib.parse import unquote
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
+from kazoo.retry import KazooRetry
+from kazoo.security import Permissions, make_digest_acl_credential
+
+from multilock.abc import LockInfo
+from multilock.backend import LostSignal, new_token, quote_name
+from multilock.errors import ConfigurationError, LockLost, MultilockError, NotOwner
+
+from ._config import Config
+from ._errors import OUTCOME_UNKNOWN, unavailable
+
+__all__ = ["Batch", "Node", "Session"]
+
+_log = logging.getLogger("multilock.zookeeper")
+_HOST = socket.gethostname()
+_FOREIGN_PERMS = Permissions.CREATE | Permissions.DELETE | Permissions.WRITE | Permissions.ADMIN
+
+
+class _Lease(Protocol):
+    @property
+    def lost(self) -> LostSignal: ...
+
+
+L = TypeVar("L", bound=_Lease)
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    """A lock node we created: what releasing or checking it needs."""
+
+    name: str
+    path: str
+    token: str
+    czxid: int
+    """The creating transaction's zxid: the lease's fencing token."""
+    version: int
+    session_id: int
+    lease: Any = None
+    closed: bool = False
+    """Released by closing the session (which deletes every ephemeral node at once)."""
+
+
+class _Create:
+    __slots__ = ("name", "path", "result", "token")
+
+    def __init__(self, name: str, path: str, token: str, result: Any) -> None:
+        self.name = name
+        self.path = path
+        self.token = token
+        self.result = result  # None: refused locally (an orphan of ours still sits there)
+
+
+class Batch:
+    """Creates sent together (one round trip's worth of latency), to be awaited, then finished."""
+
+    __slots__ = ("_creates", "_session", "_session_id", "deadline")
+
+    def __init__(self, session: Session, creates: list[_Create], session_id: int) -> None:
+        self._session = session
+        self._creates = creates
+        self._session_id = session_id
+        self.deadline = session.deadline()
+
+    @property
+    def pending(self) -> list[Any]:
+        """The kazoo results to wait for."""
+        return [create.result for create in self._creates if create.result is not None]
+
+    def abandon(self) -> None:
+        """The caller stops waiting (cancelled): whatever the server grants is undone."""
+        for create in self._creates:
+            if create.result is not None:
+                self._session.orphan(create.path, None)
+
+    def finish(self, make: Callable[[Node], L]) -> dict[str, L | None]:
+        """Leases (made by ``make``) for the creates that won, ``None`` where the node existed.
+
+        Raises :class:`BackendUnavailable` if any create failed or did not answer
+        by the deadline; then nothing stays held (what was granted is deleted).
+        """
+        session = self._session
+        url = session.config.url
+        results: dict[str, L | None] = {}
+        granted: list[Node] = []
+        failure: MultilockError | None = None
+        for create in self._creates:
+            results[create.name] = None
+            if create.result is None:
+                continue
+            if not create.result.ready():
+                failure = failure or unavailable(url, f"acquiring {create.name!r}")
+                session.orphan(create.path, None)
+                continue
+            try:
+                _, stat = create.result.get_nowait()
+            except NodeExistsError:
+                continue
+            except OUTCOME_UNKNOWN as exc:
+                failure = failure or unavailable(url, f"acquiring {create.name!r}", exc)
+                session.orphan(create.path, None)
+                continue
+            except Exception as exc:
+                failure = failure or unavailable(url, f"acquiring {create.name!r}", exc)
+                continue
+            node = Node(
+                create.name, create.path, create.token, stat.czxid, stat.version, self._session_id
+            )
+            granted.append(node)
+        if failure is not None:
+            for node in granted:
+                session.orphan(node.path, node.czxid)
+            raise failure
+        for node in granted:
+            lease = make(node)
+            node.lease = lease
+            results[node.name] = lease
+            session.hold(node)
+        return results
+
+
+class Session:
+    """A kazoo client, the nodes it holds, and what its state changes mean for them."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.client = KazooClient(
+            **config.kazoo_options(),
+            # Reconnect promptly after an outage (kazoo's default backs off to an hour).
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+        )
+        self._guard = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._ready = False  # connected, and the chroot's ACL checked: requests may go
+        self._live = self.client.handler.async_result()  # set when ready; replaced on each drop
+        self._session_id: int | None = None
+        self._held: dict[str, Node] = {}
+        self._orphans: dict[str, int | None] = {}  # path -> czxid (None: any node of ours)
+        self._cleaning: set[str] = set()
+        self._acl_checked = config.username is None
+        self.client.add_listener(self._on_state)
+
+    # --- connecting ------------------------------------------------------------------
+
+    def deadline(self) -> float:
+        """When a request sent now has waited long enough (monotonic clock)."""
+        return time.monotonic() + self.config.connect_timeout
+
+    def connecting(self) -> Any | None:
+        """``None`` when requests may go now; else a result to wait on (connects lazily)."""
+        if self._ready:
+            return None
+        with self._guard:
+            if self._closed:
+                raise MultilockError(f"the locker of {self.config.url.masked} is closed")
+            if not self._started:
+                self._started = True
+                self.client.start_async()
+            return self._live
+
+    def check_connected(self) -> None:
+        """After waiting on :meth:`connecting`: raise unless requests may go now."""
+        if self._ready:
+            return
+        live = self._live
+        if live.ready() and not live.successful():
+            raise live.exception
+        raise unavailable(
+            self.config.url, f"connecting within {self.config.connect_timeout:g}s"
+        ) from None
+
+    def _on_state(self, state: str) -> None:
+        # Called on kazoo's connection thread: never block here, only send.
+        if state == KazooState.CONNECTED:
+            self._connected()
+        elif state == KazooState.SUSPENDED:
+            self._dropped(
+                "the connection to ZooKeeper was suspended: the lease cannot be confirmed",
+                expired=False,
+            )
+        else:
+            self._dropped("the ZooKeeper session expired or was closed", expired=True)
+
+    def _connected(self) -> None:
+        client_id = self.client.client_id
+        session_id = client_id[0] if client_id else None
+        with self._guard:
+            if self._session_id is not None and session_id != self._session_id:
+                # A new session we were not told about: the old one's nodes are gone.
+                stale = self._forget_all()
+            else:
+                stale = []
+            self._session_id = session_id
+            check_acl = not self._acl_checked
+        for node in stale:
+            node.lease.lost.set("the ZooKeeper session was replaced")
+        if check_acl:
+            self.client.get_acls_async(self.config.root).rawlink(self._acl_answer)
+        else:
+            self._set_ready(session_id)
+
+    def _acl_answer(self, result: Any) -> None:
+        try:
+            acls, _ = result.get_nowait()
+        except NoNodeError:
+            acls = []  # the first lock creates the root, with our ACL
+        except Exception as exc:
+            self._live.set_exception(unavailable(self.config.url, "reading the chroot's ACL", exc))
+            return
+        ours = make_digest_acl_credential(self.config.username, self.config.password)
+        foreign = [
+            acl for acl in acls if acl.perms & _FOREIGN_PERMS and not _is_id(acl, "digest", ours)
+        ]
+        if foreign:
+            self._live.set_exception(
+                ConfigurationError(
+                    f"the chroot {self.config.root!r} of {self.config.url.masked} lets others"
+                    f" create or delete lock nodes ({', '.join(_acl_text(a) for a in foreign)}):"
+                    " with digest auth it must grant those only to our user; set its ACL or"
+                    " use another chroot"
+                )
+            )
+            return
+        self._acl_checked = True
+        client_id = self.client.client_id
+        self._set_ready(client_id[0] if client_id else None)
+
+    def _set_ready(self, session_id: int | None) -> None:
+        with self._guard:
+            if session_id is None or session_id != self._session_id:
+                return  # dropped again meanwhile
+            self._ready = True
+            live = self._live
+            orphans = [path for path in self._orphans if path not in self._cleaning]
+        live.set(True)
+        for path in orphans:
+            self._cleanup(path, session_id)
+
+    def _dropped(self, reason: str, *, expired: bool) -> None:
+        with self._guard:
+            self._ready = False
+            if self._live.ready():
+                self._live = self.client.handler.async_result()
+            if expired:
+                lost = self._forget_all()
+                self._session_id = None
+            elif self.config.suspended == "lost":
+                lost = list(self._held.values())
+                self._held.clear()
+                for node in lost:
+                    self._orphans[node.path] = node.czxid
+            else:
+                lost = []
+        for node in lost:
+            node.lease.lost.set(reason)
+
+    def _forget_all(self) -> list[Node]:
+        # Under the guard. The session is gone: so are its ephemeral nodes.
+        nodes = list(self._held.values())
+        self._held.clear()
+        self._orphans.clear()
+        self._cleaning.clear()
+        return nodes
+
+    # --- locking ---------------------------------------------------------------------
+
+    def create(self, names: Iterable[str]) -> Batch:
+        """Send one ephemeral create per name, all at once."""
+        client_id = self.client.client_id
+        session_id = client_id[0] if client_id else 0
+        value_of = _node_value
+        acl = self.config.acl
+        creates = []
+        for name in names:
+            path = self.config.node_path(quote_name(name))
+            token = new_token()
+            if path in self._orphans:
+                result = None  # our own earlier node may still be there: held, as far as we know
+            else:
+                result = self.client.create_async(
+                    path,
+                    value_of(token),
+                    acl=acl,
+                    ephemeral=True,
+                    makepath=True,
+                    include_data=True,
+                )
+            creates.append(_Create(name, path, token, result))
+        return Batch(self, creates, session_id)
+
+    def hold(self, node: Node) -> None:
+        """Track a granted node; if the session changed or dropped meanwhile, it is born lost."""
+        with self._guard:
+            current = node.session_id == self._session_id
+            if current and (self._ready or self.config.suspended == "keep"):
+                self._held[node.path] = node
+                return
+            if current:
+                self._orphans[node.path] = node.czxid
+        node.lease.lost.set("the connection to ZooKeeper dropped while acquiring")
+
+    def delete(self, node: Node) -> Any | None:
+        """Send the version-checked delete of our node; ``None`` when there is nothing to send
+        (already released, closed, or lost -- then the session cleans up)."""
+        with self._guard:
+            if self._held.get(node.path) is not node:
+                return None
+            del self._held[node.path]
+        return self.client.delete_async(node.path, version=node.version)
+
+    def deleted(self, node: Node, result: Any) -> bool:
+        """Whether the delete removed our node; an unanswered one is retried by the session."""
+        if not result.ready():
+            self.orphan(node.path, node.czxid)
+            return False
+        try:
+            result.get_nowait()
+        except (NoNodeError, BadVersionError):
+            return False
+        except OUTCOME_UNKNOWN:
+            self.orphan(node.path, node.czxid)
+            return False
+        except Exception as exc:  # session expired or closed: the node went with it
+            _log.debug("releasing %s: %r", node.path, exc)
+            return False
+        return True
+
+    def check(self, node: Node) -> Any:
+        """Send an ``exists`` of the lease's node (``extend`` confirms the lease with it)."""
+        return self.client.exists_async(node.path)
+
+    def checked(self, node: Node, result: Any) -> None:
+        """Raise unless the node is still there and still ours; a missing node fires ``lost``."""
+        url = self.config.url
+        if not result.ready():
+            raise unavailable(url, f"confirming the lease on {node.name!r}")
+        try:
+            stat = result.get_nowait()
+        except Exception as exc:
+            raise unavailable(url, f"confirming the lease on {node.name!r}", exc) from None
+        if stat is not None and stat.czxid == node.czxid:
+            return
+        with self._guard:
+            if self._held.get(node.path) is node:
+                del self._held[node.path]
+        reason = f"lock node {node.path!r} was deleted"
+        node.lease.lost.set(reason)
+        if stat is None:
+            raise LockLost(reason)
+        raise NotOwner(f"{reason}, and {node.name!r} is now held by another owner")
+
+    def closing(self) -> list[Any]:
+        """Mark every held node released-by-close and return their leases (no I/O)."""
+        with self._guard:
+            nodes = list(self._held.values())
+            self._held.clear()
+            self._orphans.clear()
+        for node in nodes:
+            node.closed = True
+        return [node.lease for node in nodes]
+
+    def stop(self) -> None:
+        """Close the session (the server deletes all its nodes at once) and the client. Blocks."""
+        with self._guard:
+            self._closed = True
+        try:
+            self.client.stop()
+        finally:
+            self.client.close()
+
+    # --- orphans ---------------------------------------------------------------------
+
+    def orphan(self, path: str, czxid: int | None) -> None:
+        """A node of ours that no lease owns (or may exist): delete it once we can."""
+        with self._guard:
+            if self._session_id is None:
+                return  # no session, no node
+            self._orphans[path] = czxid
+            session_id = self._session_id if self._ready and path not in self._cleaning else None
+        if session_id is not None:
+            self._cleanup(path, session_id)
+
+    def _cleanup(self, path: str, session_id: int) -> None:
+        with self._guard:
+            self._cleaning.add(path)
+        # Requests of one session are applied in order: this ``exists`` sees the outcome
+        # of any create or delete of ours sent before it.
+        self.client.exists_async(path).rawlink(partial(self._cleanup_seen, path, session_id))
+
+    def _cleanup_seen(self, path: str, session_id: int, result: Any) -> None:
+        try:
+            stat = result.get_nowait()
+        except OUTCOME_UNKNOWN:
+            self._cleanup_retry(path)
+            return
+        except Exception:
+            stat = None  # session gone: so is the node
+        with self._guard:
+            czxid = self._orphans.get(path, -1)
+            ours = (
+                stat is not None
+                and stat.ephemeralOwner == session_id
+                and czxid in (None, stat.czxid)
+                and path not in self._held
+            )
+        if not ours:
+            self._cleanup_done(path)
+            return
+        self.client.delete_async(path, version=stat.version).rawlink(
+            partial(self._cleanup_deleted, path)
+        )
+
+    def _cleanup_deleted(self, path: str, result: Any) -> None:
+        try:
+            result.get_nowait()
+        except OUTCOME_UNKNOWN:
+            self._cleanup_retry(path)
+            return
+        except Exception:  # gone already, or the session with it
+            pass
+        self._cleanup_done(path)
+
+    def _cleanup_retry(self, path: str) -> None:
+        # The connection dropped mid-cleanup: the orphan stays, and _set_ready retries it.
+        with self._guard:
+            self._cleaning.discard(path)
+            retry = self._ready and path in self._orphans
+            session_id = self._session_id
+        if retry and session_id is not None:
+            self._cleanup(path, session_id)
+
+    def _cleanup_done(self, path: str) -> None:
+        with self._guard:
+            self._cleaning.discard(path)
+            self._orphans.pop(path, None)
+
+    # --- introspection ---------------------------------------------------------------
+
+    def list_locks(self) -> Any:
+        """Send the listing of the lock nodes."""
+        return self.client.get_children_async(self.config.root)
+
+    def read_locks(self, listing: Any) -> list[tuple[str, Any]]:
+        """Interpret the listing and send a read of each node, all at once."""
+        if not listing.ready():
+            raise unavailable(self.config.url, "listing locks")
+        try:
+            children = listing.get_nowait()
+        except NoNodeError:
+            return []
+        except Exception as exc:
+            raise unavailable(self.config.url, "listing locks", exc) from None
+        return [
+            (child, self.client.get_async(self.config.node_path(child)))
+            for child in sorted(children)
+        ]
+
+    def lock_infos(self, reads: list[tuple[str, Any]]) -> list[LockInfo]:
+        """Interpret the reads: one :class:`LockInfo` per node still there."""
+        infos = []
+        for child, result in reads:
+            if not result.ready():
+                raise unavailable(self.config.url, "reading locks")
+            try:
+                value, stat = result.get_nowait()
+            except NoNodeError:
+                continue  # released meanwhile
+            except Exception as exc:
+                raise unavailable(self.config.url, "reading locks", exc) from None
+            infos.append(_lock_info(self.config.node_path(child), child, value, stat))
+        return infos
+
+
+def _node_value(token: str) -> bytes:
+    since = datetime.now(UTC).isoformat(timespec="milliseconds")
+    return json.dumps(
+        {"token": token, "host": _HOST, "pid": os.getpid(), "since": since},
+        separators=(",", ":"),
+    ).encode()
+
+
+def _lock_info(path: str, child: str, value: bytes, stat: Any) -> LockInfo:
+    try:
+        data = json.loads(value)
+        if not isinstance(data, dict):
+            raise ValueError
+    except ValueError:
+        data = {}
+    holder = f"pid {data['pid']} on {data['host']}" if "pid" in data and "host" in data else None
+    return LockInfo(
+        key=path,
+        name=unquote(child) if child != "%" else "",
+        holder=holder,
+        since=datetime.fromtimestamp(stat.ctime / 1000, UTC),
+        details={
+            "token": data.get("token"),
+            "fencing_token": stat.czxid,
+            "session": f"0x{stat.ephemeralOwner:x}",
+        },
+    )
+
+
+def _is_id(acl: Any, scheme: str, ident: str) -> bool:
+    return bool(acl.id.scheme == scheme and acl.id.id == ident)
+
+
+def _acl_text(acl: Any) -> str:
+    return f"{acl.id.scheme}:{acl.id.id.split(':')[0]}"

@@ -1,0 +1,111 @@
+# This file was generated from the async source by scripts/unasync.py:
+# backends/zookeeper/multilock_zookeeper/_async/locker.py.
+# Do not edit it; change the source and rerun the script.
+"""The async ``zookeeper://`` locker and lease (the source the sync ones are generated from).
+
+Only the flow lives here: send requests (``Session``), wait for them
+(``async_settle``), interpret them (``Session`` again). An acquire is one
+ephemeral create; ``try_acquire_many`` sends all its creates before waiting
+for any, so a batch costs one round trip's worth of latency.
+"""
+
+from __future__ import annotations
+
+from multilock.abc import LockInfo
+from multilock.backend import LeaseBase, LockerBase, LockURL
+
+from .._bridge import sync_settle, sync_stop
+from .._capabilities import CAPABILITIES
+from .._config import Config
+from .._session import Node, Session
+
+__all__ = ["ZooKeeperLease", "ZooKeeperLocker"]
+
+
+class ZooKeeperLease(LeaseBase):
+    """A lease of the ``zookeeper://`` backend: an ephemeral node of our session.
+
+    ``fencing_token`` is the node's creation zxid; ``expires_at`` is ``None``
+    (the lease lasts as long as the session).
+    """
+
+    __slots__ = ("_node", "_session")
+
+    def __init__(self, session: Session, node: Node) -> None:
+        super().__init__(node.name, node.path, node.token, node.czxid)
+        self._session = session
+        self._node = node
+
+    def _release(self) -> bool:
+        request = self._session.delete(self._node)
+        if request is None:
+            return self._node.closed
+        sync_settle(request, self._session.deadline())
+        return self._session.deleted(self._node, request)
+
+    def _extend(self, ttl: float | None) -> float | None:
+        # Session-bound: nothing to push back, but confirm the node is still ours.
+        request = self._session.check(self._node)
+        sync_settle(request, self._session.deadline())
+        self._session.checked(self._node, request)
+        return None
+
+
+class ZooKeeperLocker(LockerBase):
+    """The async locker of ``zookeeper://host:port,.../chroot`` (one kazoo session)."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, url: LockURL) -> None:
+        config = Config.from_url(url)
+        super().__init__(url, default_ttl=config.ttl)
+        self._session = Session(config)
+
+    @property
+    def session_id(self) -> int | None:
+        """The current ZooKeeper session id, or ``None`` while there is none."""
+        client_id = self._session.client.client_id
+        return client_id[0] if client_id else None
+
+    def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
+        leases = self._acquire([name])
+        return leases[name]
+
+    def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
+        return self._acquire(names)
+
+    def _acquire(self, names: list[str]) -> dict[str, LeaseBase | None]:
+        self._connected()
+        batch = self._session.create(names)
+        try:
+            for request in batch.pending:
+                sync_settle(request, batch.deadline)
+        except BaseException:
+            batch.abandon()
+            raise
+        return batch.finish(self._lease)
+
+    def _lease(self, node: Node) -> LeaseBase:
+        return ZooKeeperLease(self._session, node)
+
+    def _connected(self) -> None:
+        waiting = self._session.connecting()
+        if waiting is not None:
+            sync_settle(waiting, self._session.deadline())
+            self._session.check_connected()
+
+    def locks(self) -> list[LockInfo]:
+        """The locks held under this locker's chroot, by any client, with their holders."""
+        self._connected()
+        listing = self._session.list_locks()
+        deadline = self._session.deadline()
+        sync_settle(listing, deadline)
+        reads = self._session.read_locks(listing)
+        for _, request in reads:
+            sync_settle(request, deadline)
+        return self._session.lock_infos(reads)
+
+    def _close(self) -> None:
+        for lease in self._session.closing():
+            lease.release()
+        sync_stop(self._session.stop)

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# A throwaway standalone ZooKeeper for tests, from Debian's `zookeeper` package.
+#
+#   scripts/zookeeper.sh start    # install if absent, start on 127.0.0.1:2181, wait until it answers
+#   scripts/zookeeper.sh stop     # stop what `start` started (nothing if it started nothing)
+#   scripts/zookeeper.sh status   # does something answer on the port?
+#
+# `start` does nothing when something already answers on the port (a developer's own
+# server, or CI's service), and then records nothing, so `stop` stops nothing: it only
+# ever stops the process whose pid `start` wrote. Not reference-counted: call `stop`
+# once, from the shell that called `start` (scripts/test does so in a trap).
+#
+# The server gets its own config and a fresh data dir under $MULTILOCK_ZK_DIR
+# (default: a directory in $TMPDIR), listens on loopback only, has the admin server
+# disabled and whitelists the four-letter words used here and by the tests. A short
+# tickTime lets tests ask for session timeouts down to 2 x tickTime = 400 ms;
+# maxSessionTimeout is raised so multilock's 10 s default is not clamped.
+set -euo pipefail
+
+PORT="${MULTILOCK_ZK_PORT:-2181}"
+STATE="${MULTILOCK_ZK_DIR:-${TMPDIR:-/tmp}/multilock-zookeeper-$(id -u)}"
+PIDFILE="$STATE/zookeeper.pid"
+JAR=/usr/share/java/zookeeper.jar
+WAIT_SECONDS="${MULTILOCK_ZK_WAIT:-60}"
+
+log() { echo "zookeeper.sh: $*" >&2; }
+
+# ruok over bash's /dev/tcp, in a subshell: no netcat needed on a fresh machine, and a
+# refused connection neither prints nor leaks a descriptor.
+answers() {
+    local reply
+    reply="$( (
+        exec 3<>"/dev/tcp/127.0.0.1/$PORT" || exit 1
+        printf 'ruok' >&3
+        read -r -t 2 line <&3 || true
+        printf '%s' "${line:-}"
+    ) 2>/dev/null)" || return 1
+    [ "$reply" = "imok" ]
+}
+
+listening() {
+    # Something accepts connections even if it refuses ruok (4lw not whitelisted).
+    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null
+}
+
+install_zookeeper() {
+    if [ -r "$JAR" ] && command -v java >/dev/null 2>&1; then
+        return 0
+    fi
+    log "installing Debian's zookeeper package"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        sudo="sudo"
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
+}
+
+write_config() {
+    mkdir -p "$STATE"
+    rm -rf "$STATE/data"
+    mkdir -p "$STATE/data"
+    cat >"$STATE/zoo.cfg" <<EOF
+tickTime=200
+minSessionTimeout=400
+maxSessionTimeout=60000
+dataDir=$STATE/data
+clientPort=$PORT
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,stat,conf,mntr,cons
+standaloneEnabled=true
+EOF
+    cat >"$STATE/log4j.properties" <<EOF
+log4j.rootLogger=WARN, FILE
+log4j.appender.FILE=org.apache.log4j.FileAppender
+log4j.appender.FILE.File=$STATE/zookeeper.log
+log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
+log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n
+EOF
+}
+
+start() {
+    if listening; then
+        log "something already listens on 127.0.0.1:$PORT; using it, starting nothing"
+        return 0
+    fi
+    install_zookeeper
+    write_config
+    local classpath="$JAR:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
+    # setsid: the server outlives this script but not a `stop`; no JMX, small heap.
+    setsid java -Xms64m -Xmx256m -XX:+UseSerialGC \
+        -Dlog4j.configuration="file:$STATE/log4j.properties" \
+        -Dzookeeper.jmx.log4j.disable=true \
+        -cp "$classpath" org.apache.zookeeper.server.ZooKeeperServerMain "$STATE/zoo.cfg" \
+        >"$STATE/stdout.log" 2>&1 </dev/null &
+    local pid=$!
+    echo "$pid" >"$PIDFILE"
+    local deadline=$((SECONDS + WAIT_SECONDS))
+    while ! answers; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "ZooKeeper exited during startup; its output:"
+            cat "$STATE/stdout.log" "$STATE/zookeeper.log" >&2 2>/dev/null || true
+            rm -f "$PIDFILE"
+            return 1
+        fi
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            log "ZooKeeper did not answer ruok within ${WAIT_SECONDS}s; stopping it"
+            stop
+            return 1
+        fi
+        sleep 0.2
+    done
+    log "ZooKeeper $pid answers on 127.0.0.1:$PORT (state in $STATE)"
+}
+
+stop() {
+    if [ ! -f "$PIDFILE" ]; then
+        return 0
+    fi
+    local pid
+    pid="$(cat "$PIDFILE")"
+    # Only our own server: the pid must still be a java running our config.
+    if kill -0 "$pid" 2>/dev/null && grep -qF "$STATE/zoo.cfg" "/proc/$pid/cmdline" 2>/dev/null; then
+        kill "$pid"
+        local deadline=$((SECONDS + 20))
+        while kill -0 "$pid" 2>/dev/null; do
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                kill -KILL "$pid" 2>/dev/null || true
+                break
+            fi
+            sleep 0.1
+        done
+        log "stopped ZooKeeper $pid"
+    fi
+    rm -f "$PIDFILE"
+    rm -rf "$STATE/data"
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    status)
+        if answers; then echo "imok on 127.0.0.1:$PORT"; else echo "nothing answers on 127.0.0.1:$PORT"; exit 1; fi
+        ;;
+    *)
+        echo "usage: $0 start|stop|status" >&2
+        exit 2
+        ;;
+esac

@@ -63,7 +63,8 @@ def statements(sequence: str | None) -> Statements:
 
 
 def ensure_sequence(sequence: str) -> tuple[sql.Composed, sql.Composed]:
-    """(look-up, creation) statements for the fencing sequence.
+    """(look-up, creation) statements for the fencing sequence; the look-up returns
+    its cache size and whether this role may use it, or no row when it is missing.
 
     Look first and create only when missing, so that a role without CREATE
     privilege can use a sequence an administrator made. ``CACHE 1`` matters:
@@ -71,9 +72,10 @@ def ensure_sequence(sequence: str) -> tuple[sql.Composed, sql.Composed]:
     tokens would no longer increase across holders.
     """
     look = sql.SQL(
-        "SELECT s.cache_size FROM pg_sequences AS s"
-        " WHERE format('%I.%I', s.schemaname, s.sequencename)::regclass = to_regclass({})"
-    ).format(sql.Literal(sequence))
+        "SELECT s.cache_size, has_sequence_privilege(to_regclass({name}), 'USAGE')"
+        " FROM pg_sequences AS s"
+        " WHERE format('%I.%I', s.schemaname, s.sequencename)::regclass = to_regclass({name})"
+    ).format(name=sql.Literal(sequence))
     create = sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} AS bigint MINVALUE 1 CACHE 1").format(
         sql.Identifier(*sequence.split("."))
     )

@@ -24,7 +24,7 @@ from multilock.errors import BackendUnavailable, MultilockError
 
 from .. import _sql
 from .._config import Settings, parse_settings
-from .._errors import driver_error
+from .._errors import check_sequence, driver_error, fencing_error
 from .._runtime import AsyncMutex, AsyncTicker, KeyCache
 
 __all__ = ["AsyncPostgresLease", "AsyncPostgresLocker"]
@@ -262,7 +262,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
                 await _ensure_sequence(conn, settings.fencing_sequence)
         except psycopg.Error as exc:
             await conn.close()
-            raise driver_error(settings.url, exc, "preparing the fencing sequence") from None
+            raise fencing_error(settings.url, settings.fencing_sequence, exc) from None
         except BaseException:
             await conn.close()
             raise
@@ -356,11 +356,7 @@ async def _ensure_sequence(conn: psycopg.AsyncConnection[Any], sequence: str) ->
     if row is None:
         await conn.execute(create)
         row = await (await conn.execute(look)).fetchone()
-    if row is None or row[0] != 1:
-        raise psycopg.ProgrammingError(
-            f"fencing sequence {sequence!r} has CACHE {row[0] if row else '?'}; it needs CACHE 1"
-            " so that tokens increase across sessions"
-        )
+    check_sequence(sequence, row)
 
 
 def _reason(exc: BaseException) -> str:

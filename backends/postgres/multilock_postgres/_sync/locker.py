@@ -27,7 +27,7 @@ from multilock.errors import BackendUnavailable, MultilockError
 
 from .. import _sql
 from .._config import Settings, parse_settings
-from .._errors import driver_error
+from .._errors import check_sequence, driver_error, fencing_error
 from .._runtime import KeyCache, Mutex, Ticker
 
 __all__ = ["PostgresLease", "PostgresLocker"]
@@ -261,7 +261,7 @@ class PostgresLocker(LockerBase):
                 _ensure_sequence(conn, settings.fencing_sequence)
         except psycopg.Error as exc:
             conn.close()
-            raise driver_error(settings.url, exc, "preparing the fencing sequence") from None
+            raise fencing_error(settings.url, settings.fencing_sequence, exc) from None
         except BaseException:
             conn.close()
             raise
@@ -355,11 +355,7 @@ def _ensure_sequence(conn: psycopg.Connection[Any], sequence: str) -> None:
     if row is None:
         conn.execute(create)
         row = (conn.execute(look)).fetchone()
-    if row is None or row[0] != 1:
-        raise psycopg.ProgrammingError(
-            f"fencing sequence {sequence!r} has CACHE {row[0] if row else '?'}; it needs CACHE 1"
-            " so that tokens increase across sessions"
-        )
+    check_sequence(sequence, row)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,0 +1,154 @@
+"""Fencing tokens from a sequence, taken in the acquire's round trip, only when enabled."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import multilock
+from multilock import Capability
+from multilock.errors import ConfigurationError
+
+
+@pytest.fixture
+def sequence(admin: psycopg.Connection[Any]) -> Iterator[str]:
+    """A fencing sequence of this test alone, dropped afterwards."""
+    name = f"mlpg_fence_{uuid.uuid4().hex[:12]}"
+    yield name
+    admin.execute(f"DROP SEQUENCE IF EXISTS {name}")
+
+
+def _last_value(admin: psycopg.Connection[Any], sequence: str) -> int | None:
+    row = admin.execute(f"SELECT last_value, is_called FROM {sequence}").fetchone()
+    assert row is not None
+    return int(row[0]) if row[1] else None
+
+
+def test_no_fencing_by_default(make_url: Callable[..., str]) -> None:
+    with multilock.connect(make_url()) as locker:
+        assert Capability.FENCING not in locker.capabilities
+        lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
+        assert lease is not None
+        assert lease.fencing_token is None
+        lease.release()
+
+
+def test_tokens_increase_across_holders_and_processes(
+    make_url: Callable[..., str], sequence: str
+) -> None:
+    url = make_url(fencing=True, fencing_sequence=sequence)
+    name = f"fence-{uuid.uuid4().hex}"
+    tokens: list[int] = []
+    child = (
+        "import multilock, sys\n"
+        "with multilock.connect(sys.argv[1]) as locker:\n"
+        "    lease = locker.try_acquire(sys.argv[2])\n"
+        "    print(lease.fencing_token)\n"
+        "    lease.release()\n"
+    )
+    with multilock.connect(url) as one, multilock.connect(url) as two:
+        assert Capability.FENCING in one.capabilities
+        for round_ in range(6):
+            locker = one if round_ % 2 else two
+            lease = locker.try_acquire(name)
+            assert lease is not None
+            assert lease.fencing_token is not None
+            tokens.append(lease.fencing_token)
+            lease.release()
+            if round_ == 2:
+                out = subprocess.run(
+                    [sys.executable, "-c", child, url, name],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout
+                tokens.append(int(out))
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == len(tokens)
+
+
+def test_async_tokens_and_batch_tokens_increase(
+    make_url: Callable[..., str], sequence: str
+) -> None:
+    url = make_url(fencing=True, fencing_sequence=sequence)
+    names = [f"fence-{uuid.uuid4().hex}" for _ in range(5)]
+
+    async def main() -> list[int | None]:
+        async with multilock.connect_async(url) as locker:
+            batch = await locker.try_acquire_many(names)
+            first = [lease.fencing_token for lease in batch.values() if lease]
+            for lease in batch.values():
+                assert lease is not None
+                await lease.release()
+            single = await locker.try_acquire(names[0])
+            assert single is not None
+            await single.release()
+            return [*first, single.fencing_token]
+
+    tokens = asyncio.run(main())
+    assert len(tokens) == 6
+    assert all(isinstance(token, int) for token in tokens)
+    assert max(tokens[:5]) < tokens[5]  # type: ignore[type-var,operator]
+
+
+def test_a_refused_try_burns_no_token(
+    make_url: Callable[..., str], sequence: str, admin: psycopg.Connection[Any]
+) -> None:
+    url = make_url(fencing=True, fencing_sequence=sequence)
+    name = f"fence-{uuid.uuid4().hex}"
+    with multilock.connect(url) as holder, multilock.connect(url) as other:
+        lease = holder.try_acquire(name)
+        assert lease is not None
+        before = _last_value(admin, sequence)
+        assert before is not None
+        assert before == lease.fencing_token
+        for _ in range(5):
+            assert other.try_acquire(name) is None
+        assert other.try_acquire_many([name, name + "-free"])[name] is None
+        assert _last_value(admin, sequence) == before + 1  # only the free name took one
+        lease.release()
+
+
+def test_a_sequence_with_a_cache_is_refused(
+    make_url: Callable[..., str], sequence: str, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute(f"CREATE SEQUENCE {sequence} CACHE 20")
+    url = make_url(fencing=True, fencing_sequence=sequence)
+    with multilock.connect(url) as locker, pytest.raises(ConfigurationError, match="CACHE 1"):
+        locker.try_acquire("x")
+
+
+def test_a_role_without_create_privilege_gets_a_clear_error_then_works_once_granted(
+    postgres_url: str, sequence: str, admin: psycopg.Connection[Any]
+) -> None:
+    role = f"mlpg_role_{uuid.uuid4().hex[:10]}"
+    admin.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        admin.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
+        host_part = postgres_url.split("@", 1)[1]
+        url = f"postgresql://{role}@{host_part}?fencing=true&fencing_sequence={sequence}"
+        with multilock.connect(url) as locker:
+            with pytest.raises(ConfigurationError, match="CREATE SEQUENCE") as info:
+                locker.try_acquire("x")
+            assert sequence in str(info.value)
+        admin.execute(f"CREATE SEQUENCE {sequence} AS bigint CACHE 1")
+        with multilock.connect(url) as locker, pytest.raises(ConfigurationError, match="GRANT"):
+            locker.try_acquire("x")
+        admin.execute(f"GRANT USAGE ON SEQUENCE {sequence} TO {role}")
+        with multilock.connect(url) as locker:
+            lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
+            assert lease is not None
+            assert lease.fencing_token == 1
+            lease.release()
+    finally:
+        admin.execute(f"DROP SEQUENCE IF EXISTS {sequence}")
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")

@@ -1,0 +1,202 @@
+"""A dead session fires ``lost`` on every lease within the health interval, and the
+next acquire reconnects; cancellations never leave a lock behind."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import multilock
+from multilock import LostSignal, advisory_key
+from multilock.errors import LockLost
+from multilock_postgres import AsyncPostgresLocker, PostgresLocker
+
+INTERVAL = 0.5
+
+
+def _name() -> str:
+    return f"health-{uuid.uuid4().hex}"
+
+
+async def _wait(signal: LostSignal) -> str:
+    return await signal
+
+
+def _terminate(admin: psycopg.Connection[Any], pid: int | None) -> None:
+    assert pid is not None
+    row = admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone()
+    assert row == (True,)
+
+
+def test_killed_session_fires_lost_off_the_callers_thread(
+    make_url: Callable[..., str], admin: psycopg.Connection[Any]
+) -> None:
+    with multilock.connect(make_url(health_interval=INTERVAL)) as locker:
+        assert isinstance(locker, PostgresLocker)
+        leases = [locker.try_acquire(_name()) for _ in range(3)]
+        fired_on: list[threading.Thread] = []
+        for lease in leases:
+            assert lease is not None
+            lease.lost.add_callback(lambda _reason: fired_on.append(threading.current_thread()))
+        old_pid = locker.session_pid
+        killed = time.monotonic()
+        _terminate(admin, old_pid)
+        for lease in leases:
+            assert lease is not None
+            # The caller's thread is blocked here: the health thread must notice.
+            assert lease.lost.wait(INTERVAL + 1.0)
+            assert not lease.held
+        assert time.monotonic() - killed <= INTERVAL + 1.0
+        assert len(fired_on) == 3
+        assert threading.main_thread() not in fired_on
+        assert "session ended" in (leases[0].lost.reason or "")  # type: ignore[union-attr]
+        # The next acquire reconnects transparently, and a lost lease releases as a no-op.
+        again = locker.try_acquire(leases[0].name)  # type: ignore[union-attr]
+        assert again is not None
+        assert locker.session_pid not in (None, old_pid)
+        assert leases[0].release() is False  # type: ignore[union-attr]
+        assert again.held
+        again.release()
+
+
+def test_async_killed_session_fires_lost(
+    make_url: Callable[..., str], admin: psycopg.Connection[Any]
+) -> None:
+    async def main() -> None:
+        async with multilock.connect_async(make_url(health_interval=INTERVAL)) as locker:
+            assert isinstance(locker, AsyncPostgresLocker)
+            lease = await locker.try_acquire(_name())
+            assert lease is not None
+            old_pid = locker.session_pid
+            _terminate(admin, old_pid)
+            reason = await asyncio.wait_for(_wait(lease.lost), INTERVAL + 1.0)
+            assert "session ended" in reason
+            again = await locker.try_acquire(lease.name)
+            assert again is not None
+            assert locker.session_pid not in (None, old_pid)
+            await again.release()
+
+    asyncio.run(main())
+
+
+def test_idle_dead_session_reconnects_on_next_acquire(
+    make_url: Callable[..., str], admin: psycopg.Connection[Any]
+) -> None:
+    # Long interval: nothing but the acquire itself can notice the dead session.
+    with multilock.connect(make_url(health_interval="1h")) as locker:
+        assert isinstance(locker, PostgresLocker)
+        first = locker.try_acquire(_name())
+        assert first is not None
+        first.release()
+        old_pid = locker.session_pid
+        _terminate(admin, old_pid)
+        lease = locker.try_acquire(_name())
+        assert lease is not None
+        assert locker.session_pid not in (None, old_pid)
+        lease.release()
+
+
+def test_dead_session_is_noticed_by_the_next_acquire_before_the_health_check(
+    make_url: Callable[..., str], admin: psycopg.Connection[Any]
+) -> None:
+    with multilock.connect(make_url(health_interval="1h")) as locker:
+        assert isinstance(locker, PostgresLocker)
+        held = locker.try_acquire(_name())
+        assert held is not None
+        _terminate(admin, locker.session_pid)
+        other = locker.try_acquire(_name())
+        assert other is not None
+        assert held.lost.is_set()  # fired by the acquire that found the session dead
+        other.release()
+
+
+def test_extend_checks_the_session(
+    make_url: Callable[..., str], admin: psycopg.Connection[Any]
+) -> None:
+    with multilock.connect(make_url(health_interval="1h")) as locker:
+        assert isinstance(locker, PostgresLocker)
+        lease = locker.try_acquire(_name())
+        assert lease is not None
+        lease.extend()
+        assert lease.expires_at is None
+        _terminate(admin, locker.session_pid)
+        with pytest.raises(LockLost):
+            lease.extend()
+        assert lease.lost.is_set()
+
+
+def test_cancel_during_acquire_leaks_no_lock(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    name = _name()
+    key = advisory_key(name)
+    outcomes: set[str] = set()
+
+    async def main() -> None:
+        async with multilock.connect_async(make_url()) as locker:
+            assert isinstance(locker, AsyncPostgresLocker)
+            await locker.try_acquire(_name())  # connect first: cancel lands on the query
+            for attempt in range(60):
+                task = asyncio.create_task(locker.try_acquire(name))
+                # Spin the loop a varying number of times, then some wall time, then cancel.
+                for _ in range(attempt % 6):
+                    await asyncio.sleep(0)
+                if attempt >= 30:
+                    await asyncio.sleep((attempt - 30) * 0.00002)
+                task.cancel()
+                try:
+                    lease = await task
+                except asyncio.CancelledError:
+                    outcomes.add("cancelled")
+                    assert holders(key) == [], f"leaked at attempt {attempt}"
+                    assert key not in locker._held
+                else:
+                    outcomes.add("acquired")
+                    assert lease is not None
+                    await lease.release()
+                    assert holders(key) == []
+
+    asyncio.run(main())
+    assert "cancelled" in outcomes
+
+
+def test_cancel_reaching_psycopg_leaves_no_lock(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    # Bypass the kit's shield: psycopg itself sees the cancellation mid-query and the
+    # server may already have granted the lock. The next use of the session frees it.
+    name = _name()
+    key = advisory_key(name)
+    cancelled = 0
+
+    async def main() -> None:
+        nonlocal cancelled
+        async with multilock.connect_async(make_url()) as locker:
+            assert isinstance(locker, AsyncPostgresLocker)
+            await locker.try_acquire(_name())
+            for attempt in range(40):
+                task = asyncio.create_task(locker._try_acquire(name, 30.0))
+                await asyncio.sleep(attempt * 0.00003)
+                task.cancel()
+                try:
+                    lease = await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+                    probe = await locker.try_acquire(_name())  # the next use of the session
+                    assert probe is not None
+                    await probe.release()
+                    assert holders(key) == [], f"leaked at attempt {attempt}"
+                else:
+                    assert lease is not None
+                    await lease.release()
+                    assert holders(key) == []
+
+    asyncio.run(main())
+    assert cancelled > 0

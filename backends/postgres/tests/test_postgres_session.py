@@ -1,0 +1,169 @@
+"""One dedicated session per locker, tracked by key, shared safely by threads and tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import multilock
+from multilock import advisory_key
+from multilock_postgres import AsyncPostgresLocker, PostgresLocker
+
+
+def _names(count: int) -> list[str]:
+    prefix = uuid.uuid4().hex
+    return [f"session-{prefix}-{i}" for i in range(count)]
+
+
+def test_hundred_leases_use_one_session(
+    make_url: Callable[..., str], app_name: str, sessions: Callable[[str], int]
+) -> None:
+    with multilock.connect(make_url()) as locker:
+        leases = [locker.try_acquire(name) for name in _names(60)]
+        leases += locker.try_acquire_many(_names(40)).values()
+        assert all(lease is not None for lease in leases)
+        assert len(leases) == 100
+        assert 1 <= sessions(app_name) <= 2
+        for lease in leases:
+            assert lease is not None
+            lease.release()
+    assert sessions(app_name) == 0
+
+
+def test_async_hundred_leases_use_one_session(
+    make_url: Callable[..., str], app_name: str, sessions: Callable[[str], int]
+) -> None:
+    async def main() -> None:
+        async with multilock.connect_async(make_url()) as locker:
+            leases = await asyncio.gather(*(locker.try_acquire(n) for n in _names(100)))
+            assert all(lease is not None for lease in leases)
+            assert 1 <= sessions(app_name) <= 2
+
+    asyncio.run(main())
+    assert sessions(app_name) == 0
+
+
+def test_held_key_is_not_reentered(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    (name,) = _names(1)
+    with multilock.connect(make_url()) as locker:
+        assert isinstance(locker, PostgresLocker)
+        lease = locker.try_acquire(name)
+        assert lease is not None
+        assert locker.try_acquire(name) is None
+        assert locker.try_acquire_many([name])[name] is None
+        assert holders(advisory_key(name)) == [locker.session_pid]
+        assert lease.release() is True
+        # Unlocked exactly once and fully: the re-entrant count never went above one.
+        assert holders(advisory_key(name)) == []
+        assert lease.release() is False
+        again = locker.try_acquire(name)
+        assert again is not None
+        again.release()
+
+
+def test_another_name_with_the_same_key_is_not_reentered(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    first, other = _names(2)
+    with multilock.connect(make_url()) as locker:
+        assert isinstance(locker, PostgresLocker)
+        # A real FNV-1a 64 collision is impractical to find: plant one in the key cache.
+        locker._keys._keys[other] = advisory_key(first)
+        lease = locker.try_acquire(first)
+        assert lease is not None
+        assert locker.try_acquire(other) is None
+        batch = locker.try_acquire_many([other])
+        assert batch[other] is None
+        lease.release()
+        assert holders(advisory_key(first)) == []
+
+
+def test_batch_with_two_names_of_one_key_grants_only_the_first(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    first, other = _names(2)
+    with multilock.connect(make_url()) as locker:
+        assert isinstance(locker, PostgresLocker)
+        locker._keys._keys[other] = advisory_key(first)
+        got = locker.try_acquire_many([first, other])
+        assert list(got) == [first, other]
+        lease = got[first]
+        assert lease is not None
+        assert got[other] is None
+        lease.release()
+        assert holders(advisory_key(first)) == []
+
+
+def test_threads_share_one_locker_safely(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    names = _names(3)
+    inside: Counter[str] = Counter()
+    overlaps: list[str] = []
+    guard = threading.Lock()
+    errors: list[BaseException] = []
+
+    with multilock.connect(make_url(health_interval="20ms")) as locker:
+
+        def work() -> None:
+            try:
+                for i in range(150):
+                    name = names[i % len(names)]
+                    lease = locker.try_acquire(name)
+                    if lease is None:
+                        continue
+                    with guard:
+                        inside[name] += 1
+                        if inside[name] > 1:
+                            overlaps.append(name)
+                    with guard:
+                        inside[name] -= 1
+                    assert lease.release() is True
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads)
+        assert errors == []
+        assert overlaps == []
+        assert all(holders(advisory_key(name)) == [] for name in names)
+
+
+def test_tasks_share_one_locker_safely(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    names = _names(3)
+    inside: Counter[str] = Counter()
+    overlaps: list[str] = []
+
+    async def main() -> None:
+        async with multilock.connect_async(make_url(health_interval="20ms")) as locker:
+            assert isinstance(locker, AsyncPostgresLocker)
+
+            async def work() -> None:
+                for i in range(100):
+                    name = names[i % len(names)]
+                    lease = await locker.try_acquire(name)
+                    if lease is None:
+                        continue
+                    inside[name] += 1
+                    if inside[name] > 1:
+                        overlaps.append(name)
+                    await asyncio.sleep(0)
+                    inside[name] -= 1
+                    assert await lease.release() is True
+
+            await asyncio.gather(*(work() for _ in range(8)))
+
+    asyncio.run(main())
+    assert overlaps == []
+    assert all(holders(advisory_key(name)) == [] for name in names)

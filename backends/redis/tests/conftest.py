@@ -1,0 +1,111 @@
+"""Fixtures of the Redis backend's tests, written as a third-party backend would.
+
+``redis_url`` is the shared server (``MULTILOCK_REDIS_URL``), skipped when it is
+down -- or failed when backends are required. ``throwaway_redis`` is a private
+``redis-server`` on a free port that a test may stop, restart or kill clients of,
+so that the shared server is never disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from multilock.testing import server_url
+
+DEFAULT_URL = "redis://127.0.0.1:6379/15"
+_START_TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="session")
+def redis_url(pytestconfig: pytest.Config) -> str:
+    """The shared Redis server's URL for these tests."""
+    return server_url(pytestconfig, os.environ.get("MULTILOCK_REDIS_URL", DEFAULT_URL))
+
+
+@pytest.fixture
+def name() -> str:
+    """A lock name no other test uses."""
+    return f"test-{uuid.uuid4().hex}"
+
+
+class RedisServer:
+    """A private ``redis-server`` process that a test may stop and start again."""
+
+    def __init__(self, directory: Path, password: str | None = None) -> None:
+        self.directory = directory
+        self.password = password
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port: int = probe.getsockname()[1]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Its ``redis://`` URL."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def admin(self) -> redis.Redis:
+        """A plain redis-py client for poking at the server from outside."""
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=5)
+
+    def start(self) -> None:
+        """Start it and wait until it answers PING."""
+        executable = shutil.which("redis-server")
+        if executable is None:
+            pytest.skip("redis-server is not installed")
+        self.process = subprocess.Popen(
+            [
+                executable,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                *(["--requirepass", self.password] if self.password else []),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + _START_TIMEOUT
+        while True:
+            try:
+                with self.admin() as client:
+                    client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Kill it (SIGKILL: a crash, not a shutdown) and wait for it to exit."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture
+def throwaway_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server on a free port, killed after the test."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,299 @@
+"""The Redis mechanism against a real server: round trips, ownership, renewal."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import multilock
+from multilock.backend import LockURL
+from multilock.errors import LockLost, NotOwner
+from multilock_redis import AsyncRedisLease, AsyncRedisLocker, RedisLease, RedisLocker, fence_key
+
+TTL = 0.3  # short, so that expiry and loss show within a second
+# Renewal tests need the renewal thread scheduled within 2/3 of a ttl on a loaded
+# shared machine: a little more room than TTL gives.
+RENEW_TTL = 0.6
+
+
+@pytest.fixture
+def locker(redis_url: str) -> Iterator[RedisLocker]:
+    """A sync locker on the shared server."""
+    with multilock.connect(redis_url) as made:
+        assert isinstance(made, RedisLocker)
+        yield made
+
+
+@pytest.fixture
+def admin(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client on the same db, to look at the keys from outside."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def _held(lease: object) -> RedisLease:
+    assert isinstance(lease, RedisLease), f"expected a lease, got {lease!r}"
+    return lease
+
+
+def _held_async(lease: object) -> AsyncRedisLease:
+    assert isinstance(lease, AsyncRedisLease), f"expected a lease, got {lease!r}"
+    return lease
+
+
+def _count_round_trips(client: Any) -> list[tuple[Any, ...]]:
+    """Record every command ``client`` sends (wraps its execute_command)."""
+    sent: list[tuple[Any, ...]] = []
+    original = client.execute_command
+
+    def recording(*args: Any, **options: Any) -> Any:
+        sent.append(args)
+        return original(*args, **options)
+
+    client.execute_command = recording
+    return sent
+
+
+def test_acquire_and_release_are_one_round_trip_each(locker: RedisLocker, name: str) -> None:
+    sent = _count_round_trips(locker._client)
+    lease = _held(locker.try_acquire(name))
+    assert [args[0] for args in sent] == ["EVALSHA"]
+    assert lease.release()
+    assert [args[0] for args in sent] == ["EVALSHA", "EVALSHA"]
+
+
+def test_try_acquire_many_is_one_round_trip(locker: RedisLocker, name: str) -> None:
+    names = [f"{name}-{i}" for i in range(50)]
+    held = locker.try_acquire(names[7])
+    sent = _count_round_trips(locker._client)
+    leases = locker.try_acquire_many(names)
+    assert len(sent) == 1
+    assert list(leases) == names
+    assert leases[names[7]] is None
+    assert all(leases[n] is not None for n in names if n != names[7])
+    assert held is not None
+
+
+def test_noscript_after_script_flush_is_handled(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    admin.script_flush()
+    lease = _held(locker.try_acquire(name))
+    assert lease.release()
+
+
+def test_fencing_token_is_the_counter_and_increases(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    tokens: list[int] = []
+    for _ in range(3):
+        lease = _held(locker.try_acquire(name))
+        assert lease.fencing_token is not None
+        tokens.append(lease.fencing_token)
+        lease.release()
+    assert tokens == sorted(set(tokens))
+    assert int(admin.get(fence_key(name)) or 0) == tokens[-1]
+
+
+def _stale(locker: RedisLocker | AsyncRedisLocker, lease: Any) -> None:
+    """Make ``lease`` a stale holder: like a paused process, it stops renewing."""
+    locker._renewer.discard(lease)
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        time.sleep(0.01)
+
+
+def test_stale_release_and_extend_never_touch_the_new_holder(
+    redis_url: str, admin: redis.Redis, name: str
+) -> None:
+    with RedisLocker(LockURL.parse(redis_url)) as a, multilock.connect(redis_url) as b:
+        stale = _held(a.try_acquire(name, ttl=TTL))
+        _stale(a, stale)
+        new = None
+
+        def taken() -> bool:
+            nonlocal new
+            new = b.try_acquire(name, ttl=10)
+            return new is not None
+
+        _wait_until(taken, timeout=TTL * 5)
+        new = _held(new)
+        with pytest.raises(NotOwner):
+            stale.extend()
+        assert stale.lost.is_set()
+        assert stale.release() is False
+        assert admin.get(stale.key) == new.token.encode()
+        assert 0 < admin.pttl(new.key) <= 10_000
+        assert new.release()
+
+
+def test_extend_after_expiry_is_lock_lost(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    lease = _held(locker.try_acquire(name, ttl=TTL))
+    _stale(locker, lease)
+    _wait_until(lambda: not admin.exists(lease.key), timeout=TTL * 5)
+    with pytest.raises(LockLost) as info:
+        lease.extend()
+    assert not isinstance(info.value, NotOwner)
+    assert lease.lost.is_set()
+
+
+def test_extend_sets_the_new_ttl(locker: RedisLocker, admin: redis.Redis, name: str) -> None:
+    lease = _held(locker.try_acquire(name, ttl=5))
+    lease.extend(60)
+    assert 55_000 < admin.pttl(lease.key) <= 60_000
+    lease.release()
+    assert not admin.exists(lease.key)
+
+
+def test_lost_fires_when_the_key_is_deleted(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    lease = _held(locker.try_acquire(name, ttl=TTL))
+    fired: list[str] = []
+    lease.lost.add_callback(fired.append)
+    admin.delete(lease.key)
+    assert lease.lost.wait(TTL)  # found at the next renewal, a third of a ttl later
+    assert fired
+    assert "deleted" in fired[0]
+    assert not lease.held
+    assert lease.release() is False
+
+
+def test_lost_fires_when_another_holder_has_the_key(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    lease = _held(locker.try_acquire(name, ttl=TTL))
+    admin.set(lease.key, "someone-else")
+    assert lease.lost.wait(TTL)
+    assert "another holder" in (lease.lost.reason or "")
+    assert admin.get(lease.key) == b"someone-else"  # a lost lease's release leaves it alone
+    lease.release()
+    assert admin.get(lease.key) == b"someone-else"
+
+
+def _contender(redis_url: str, name: str, stop: threading.Event) -> Callable[[], int]:
+    """Start a thread that keeps trying to take ``name``; returns how often it got it."""
+    wins = [0]
+
+    def run() -> None:
+        with multilock.connect(redis_url) as other:
+            while not stop.is_set():
+                lease = other.try_acquire(name, ttl=RENEW_TTL)
+                if lease is not None:
+                    wins[0] += 1
+                    lease.release()
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def result() -> int:
+        stop.set()
+        thread.join(10)
+        return wins[0]
+
+    return result
+
+
+def test_renewal_survives_a_blocked_event_loop(
+    redis_url: str, admin: redis.Redis, name: str
+) -> None:
+    async def job() -> None:
+        async with multilock.connect_async(redis_url) as locker:
+            lease = _held_async(await locker.try_acquire(name, ttl=RENEW_TTL))
+            wins = _contender(redis_url, name, threading.Event())
+            time.sleep(RENEW_TTL * 2.5)  # noqa: ASYNC251  (the point: block the event loop)
+            assert wins() == 0
+            assert lease.held
+            assert admin.get(lease.key) == lease.token.encode()
+            assert await lease.release()
+
+    asyncio.run(job())
+
+
+def test_renewal_survives_a_cpu_bound_sync_job(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    lease = _held(locker.try_acquire(name, ttl=RENEW_TTL))
+    wins = _contender(redis_url=locker._config.client_url, name=name, stop=threading.Event())
+    deadline = time.monotonic() + RENEW_TTL * 2.5
+    total = 0
+    while time.monotonic() < deadline:  # pure Python work holding the GIL
+        total += sum(i * i for i in range(2000))
+    assert wins() == 0
+    assert lease.held
+    assert admin.get(lease.key) == lease.token.encode()
+    assert total > 0
+    assert lease.release()
+
+
+def test_many_leases_renew_in_one_round_trip_per_wake(locker: RedisLocker, name: str) -> None:
+    leases = locker.try_acquire_many([f"{name}-{i}" for i in range(40)], ttl=RENEW_TTL)
+    rounds: list[int] = []
+    original = locker._renewer._renew
+
+    def counting(client: Any, batch: list[Any]) -> None:
+        rounds.append(len(batch))
+        original(client, batch)
+
+    locker._renewer._renew = counting  # type: ignore[method-assign]
+    time.sleep(RENEW_TTL * 2)  # let several renewal rounds happen
+    assert all(lease is not None and lease.held for lease in leases.values())
+    assert 3 <= len(rounds) <= 10  # about three per ttl, each carrying every lease
+    assert max(rounds) == 40
+
+
+def test_close_releases_everything_and_stops_the_thread(redis_url: str, name: str) -> None:
+    admin = redis.Redis.from_url(redis_url)
+    locker = multilock.connect(redis_url)
+    assert isinstance(locker, RedisLocker)
+    leases = locker.try_acquire_many([f"{name}-a", f"{name}-b"], ttl=TTL)
+    thread = locker._renewer._thread
+    assert thread is not None
+    assert thread.is_alive()
+    locker.close()
+    assert not any(admin.exists(_held(lease).key) for lease in leases.values())
+    thread.join(TTL * 2)
+    assert not thread.is_alive()
+    admin.close()
+
+
+def test_locks_lists_the_holders(locker: RedisLocker, name: str) -> None:
+    weird = name + "{}%/ ü"
+    lease = _held(locker.try_acquire(weird, ttl=10))
+    found = {info.name: info for info in locker.locks()}
+    assert found[weird].holder == lease.token
+    assert found[weird].details["fencing_token"] == lease.fencing_token
+    assert found[weird].expires_at is not None
+
+
+def test_async_api_end_to_end(redis_url: str, name: str) -> None:
+    async def main() -> None:
+        async with multilock.connect_async(redis_url) as a, multilock.connect_async(redis_url) as b:
+            lease = _held_async(await a.try_acquire(name, ttl=TTL))
+            assert await b.try_acquire(name) is None
+            many = await b.try_acquire_many([name, name + "-x"])
+            assert many[name] is None
+            assert many[name + "-x"] is not None
+            await lease.extend(5)
+            assert await lease.release()
+            assert not await lease.release()
+            again = _held_async(await b.try_acquire(name))
+            assert again.fencing_token is not None
+            assert lease.fencing_token is not None
+            assert again.fencing_token > lease.fencing_token
+
+    asyncio.run(main())

@@ -1,0 +1,87 @@
+"""URLs and options: what reaches redis-py, what is refused, and no password anywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+import multilock
+from multilock.backend import LockURL
+from multilock.errors import ConfigurationError, InvalidOption, InvalidURL
+from multilock_redis._config import parse_config, sync_client
+
+
+def _kwargs(url: str) -> dict[str, object]:
+    client = sync_client(parse_config(LockURL.parse(url)))
+    try:
+        pool = client.connection_pool
+        return {**pool.connection_kwargs, "connection_class": pool.connection_class}
+    finally:
+        client.close()
+
+
+def test_defaults() -> None:
+    config = parse_config(LockURL.parse("redis://localhost"))
+    assert (config.ttl, config.prefix) == (30.0, "multilock:")
+    assert (config.socket_timeout, config.connect_timeout) == (5.0, 5.0)
+
+
+def test_our_options_are_not_handed_to_redis_py() -> None:
+    kwargs = _kwargs("redis://h:6380/3?ttl=5s&prefix=app:&socket_timeout=250ms&connect_timeout=2")
+    assert kwargs["host"] == "h"
+    assert kwargs["port"] == 6380
+    assert kwargs["db"] == 3
+    assert kwargs["socket_timeout"] == 0.25
+    assert kwargs["socket_connect_timeout"] == 0.25  # never longer than the socket timeout
+    assert "ttl" not in kwargs
+    assert "prefix" not in kwargs
+
+
+def test_tls_options_pass_through() -> None:
+    kwargs = _kwargs(
+        "rediss://h/0?ssl_cert_reqs=none&ssl_ca_certs=/ca.pem&ssl_check_hostname=false"
+    )
+    assert kwargs["ssl_cert_reqs"] == "none"
+    assert kwargs["ssl_ca_certs"] == "/ca.pem"
+    assert kwargs["ssl_check_hostname"] is False
+    assert "SSL" in kwargs["connection_class"].__name__  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("scheme", ["unix", "redis+unix"])
+def test_unix_socket_urls(scheme: str) -> None:
+    kwargs = _kwargs(f"{scheme}:///run/redis/redis.sock?db=2")
+    assert kwargs["path"] == "/run/redis/redis.sock"
+    assert kwargs["db"] == 2
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "says"),
+    [
+        ("redis://h/0?bogus=1", InvalidOption, "unknown option 'bogus'"),
+        ("redis://h/0?ttl=soon", InvalidOption, "'ttl'"),
+        ("redis://h/0?ttl=1ms", InvalidOption, "at least"),
+        ("redis://h/0?prefix=a{b", InvalidOption, "hash tag"),
+        ("redis://h/notadb", InvalidURL, "invalid Redis URL"),
+        ("redis://h/0?db=x", InvalidURL, "invalid Redis URL"),
+    ],
+)
+def test_bad_input_is_named(url: str, error: type[Exception], says: str) -> None:
+    with pytest.raises(error, match=says):
+        multilock.connect(url)
+
+
+def test_too_short_ttl_at_acquire_is_refused() -> None:
+    with (
+        multilock.connect("redis://127.0.0.1:1/0") as locker,
+        pytest.raises(ConfigurationError, match="too short"),
+    ):
+        locker.try_acquire("x", ttl=0.001)
+
+
+def test_password_is_masked_in_repr_and_errors() -> None:
+    with multilock.connect("redis://user:s3cret@127.0.0.1:1/0") as locker:
+        assert "s3cret" not in repr(locker)
+        assert "s3cret" not in locker.url
+    with pytest.raises(InvalidOption) as info:
+        multilock.connect("redis://user:s3cret@h/0?bogus=1")
+    assert "s3cret" not in str(info.value)
+    assert "s3cret" not in repr(parse_config(LockURL.parse("redis://:s3cret@h/0")))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from multilock.testing import server_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"
 _START_TIMEOUT = 10.0
+SECRET = "s3cret-pa55"
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +47,8 @@ class RedisServer:
     def __init__(self, directory: Path, password: str | None = None) -> None:
         self.directory = directory
         self.password = password
+        # Unix socket paths are limited to about 100 bytes: keep it short.
+        self.socket_path = Path(tempfile.mkdtemp(prefix="mlr-")) / "redis.sock"
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port: int = probe.getsockname()[1]
@@ -76,6 +81,10 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.directory),
+                "--unixsocket",
+                str(self.socket_path),
+                "--unixsocketperm",
+                "700",
                 *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
@@ -92,6 +101,16 @@ class RedisServer:
                     raise RuntimeError(f"redis-server on port {self.port} did not start") from None
                 time.sleep(0.02)
 
+    def pause(self) -> None:
+        """Freeze it (SIGSTOP): connections stay open, nothing answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Thaw it (SIGCONT)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """Kill it (SIGKILL: a crash, not a shutdown) and wait for it to exit."""
         if self.process is not None:
@@ -99,13 +118,28 @@ class RedisServer:
             self.process.wait(timeout=10)
             self.process = None
 
+    def remove(self) -> None:
+        """Stop it and delete its socket directory."""
+        self.stop()
+        shutil.rmtree(self.socket_path.parent, ignore_errors=True)
+
+
+def _serve(directory: Path, password: str | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(directory, password)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
 
 @pytest.fixture
 def throwaway_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server on a free port, killed after the test."""
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    """A private redis-server on a free port and a Unix socket, killed after the test."""
+    yield from _serve(tmp_path)
+
+
+@pytest.fixture
+def secured_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server that wants the password in ``SECRET``."""
+    yield from _serve(tmp_path, SECRET)

@@ -1,0 +1,184 @@
+"""Faults on a private redis-server: down, frozen, restarted, connections killed.
+
+Nothing here touches the shared server: each test gets its own ``redis-server``
+on a free port (the ``throwaway_redis`` fixture), which it may stop, freeze or
+restart, and kills afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import multilock
+from multilock.errors import BackendUnavailable
+from multilock_redis import RedisLease
+
+pytestmark = pytest.mark.faults
+
+TTL = 0.6
+TIMEOUT = 0.5  # socket timeouts of the lockers under test: "never a hang" means this
+PROMPT = TIMEOUT + 1.0  # what a failing call may take, with room for a loaded machine
+
+
+def _url(server: Any, **options: object) -> str:
+    query = "&".join(f"{k}={v}" for k, v in {"socket_timeout": TIMEOUT, **options}.items())
+    return f"{server.url}?{query}"
+
+
+def _held(lease: object) -> RedisLease:
+    assert isinstance(lease, RedisLease), f"expected a lease, got {lease!r}"
+    return lease
+
+
+def _raises_promptly(call: Any) -> BackendUnavailable:
+    start = time.monotonic()
+    with pytest.raises(BackendUnavailable) as info:
+        call()
+    assert time.monotonic() - start < PROMPT
+    return info.value
+
+
+def _recovers(locker: Any, name: str, timeout: float = 5.0) -> RedisLease:
+    """Poll until ``locker`` can take ``name`` again; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _held(locker.try_acquire(name))
+        except BackendUnavailable:
+            assert time.monotonic() < deadline, "the locker did not recover"
+            time.sleep(0.05)
+
+
+def test_server_down_raises_then_the_locker_recovers(throwaway_redis: Any) -> None:
+    with multilock.connect(_url(throwaway_redis)) as locker:
+        _held(locker.try_acquire("before")).release()
+        throwaway_redis.stop()
+        error = _raises_promptly(lambda: locker.try_acquire("while-down"))
+        assert "while acquiring" in str(error)
+        throwaway_redis.start()
+        _recovers(locker, "after").release()
+
+
+def test_server_down_raises_then_recovers_async(throwaway_redis: Any) -> None:
+    async def main() -> None:
+        async with multilock.connect_async(_url(throwaway_redis)) as locker:
+            lease = await locker.try_acquire("before")
+            assert lease is not None
+            await lease.release()
+            throwaway_redis.stop()
+            start = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await locker.try_acquire("while-down")
+            assert time.monotonic() - start < PROMPT
+            throwaway_redis.start()
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    lease = await locker.try_acquire("after")
+                    break
+                except BackendUnavailable:
+                    assert time.monotonic() < deadline, "the async locker did not recover"
+                    await asyncio.sleep(0.05)
+            assert lease is not None
+            await lease.release()
+
+    asyncio.run(main())
+
+
+def test_frozen_server_raises_instead_of_hanging(throwaway_redis: Any) -> None:
+    with multilock.connect(_url(throwaway_redis)) as locker:
+        _held(locker.try_acquire("warm-up")).release()
+        throwaway_redis.pause()
+        try:
+            _raises_promptly(lambda: locker.try_acquire("frozen"))
+        finally:
+            throwaway_redis.resume()
+        _recovers(locker, "thawed").release()
+
+
+def test_lease_is_lost_by_its_expiry_when_redis_cannot_confirm_it(throwaway_redis: Any) -> None:
+    with multilock.connect(_url(throwaway_redis, ttl=TTL)) as locker:
+        start = time.monotonic()
+        lease = _held(locker.try_acquire("unconfirmed"))
+        throwaway_redis.pause()  # renewals now time out: the lease cannot be confirmed
+        try:
+            assert lease.lost.wait(TTL * 3)
+            lost_after = time.monotonic() - start
+        finally:
+            throwaway_redis.resume()
+        # Reported by its expiry, not later (the margin is the scheduler's, not ours).
+        assert lost_after <= TTL + 0.25, f"lost fired {lost_after:.2f}s after a {TTL}s lease"
+        assert "before its expiry" in (lease.lost.reason or "")
+        assert lease.release() is False  # never raises, whether or not Redis answers
+        with multilock.connect(throwaway_redis.url) as other:
+            _recovers(other, "unconfirmed").release()
+
+
+def test_restart_loses_the_leases_and_the_locker_recovers(throwaway_redis: Any) -> None:
+    with multilock.connect(_url(throwaway_redis, ttl=TTL)) as locker:
+        lease = _held(locker.try_acquire("restarted"))
+        throwaway_redis.stop()
+        throwaway_redis.start()  # no persistence: the key is gone with the old process
+        assert lease.lost.wait(TTL * 3)
+        fresh = _recovers(locker, "restarted")
+        assert fresh.fencing_token == 1  # the counter went too: see docs on persistence
+        fresh.release()
+
+
+def test_client_kill_never_hangs_or_returns_none(throwaway_redis: Any) -> None:
+    admin = throwaway_redis.admin()
+    with multilock.connect(_url(throwaway_redis, ttl=TTL)) as locker:
+        held = _held(locker.try_acquire("held"))
+        for round_ in range(3):
+            admin.client_kill_filter(_type="normal", skipme=True)
+            try:
+                lease = locker.try_acquire(f"after-kill-{round_}")
+            except BackendUnavailable:
+                lease = locker.try_acquire(f"after-kill-{round_}")  # the next call reconnects
+            _held(lease).release()
+        time.sleep(TTL)  # renewals ran through the kills on their own connection
+        assert held.held
+        assert admin.get(held.key) == held.token.encode()
+        assert held.release()
+    admin.close()
+
+
+def test_wrong_password_is_unavailable_and_never_shown(
+    secured_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    wrong = f"redis://:not-{secured_redis.password}@127.0.0.1:{secured_redis.port}/0"
+    with multilock.connect(wrong) as locker:
+        error = _raises_promptly(lambda: locker.try_acquire("x"))
+        assert "not-" not in str(error)
+        assert "not-" not in repr(locker)
+    right = f"redis://:{secured_redis.password}@127.0.0.1:{secured_redis.port}/0?ttl={TTL}"
+    with multilock.connect(right) as locker:
+        lease = _held(locker.try_acquire("x"))
+        assert secured_redis.password not in repr(locker)
+        assert secured_redis.password not in repr(lease)
+        secured_redis.pause()  # renewal fails and logs: the log must not show it either
+        try:
+            assert lease.lost.wait(TTL * 3)
+        finally:
+            secured_redis.resume()
+        assert secured_redis.password not in (lease.lost.reason or "")
+    assert caplog.records, "expected the renewal failure to be logged"
+    assert all(secured_redis.password not in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("scheme", ["unix", "redis+unix"])
+def test_unix_socket(throwaway_redis: Any, scheme: str) -> None:
+    with multilock.connect(f"{scheme}://{throwaway_redis.socket_path}?db=1") as locker:
+        lease = _held(locker.try_acquire("over-a-socket"))
+        assert locker.try_acquire("over-a-socket") is None
+        admin = redis.Redis(unix_socket_path=str(throwaway_redis.socket_path), db=1)
+        assert admin.get(lease.key) == lease.token.encode()
+        admin.close()
+        assert lease.release()

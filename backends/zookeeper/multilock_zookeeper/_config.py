@@ -28,17 +28,10 @@ def _as_policy(value: object) -> str:
     return text
 
 
-def _as_positive_duration(value: object) -> float:
-    seconds = as_duration(value)
-    if seconds <= 0:
-        raise InvalidOption(f"expected a positive duration, got {value!r}")
-    return seconds
-
-
 _OPTIONS = OptionParser(
     {
-        "session_timeout": _as_positive_duration,
-        "connect_timeout": _as_positive_duration,
+        "session_timeout": as_duration,
+        "connect_timeout": as_duration,
         "suspended": _as_policy,
         "username": as_str,
         "password": as_str,

@@ -19,24 +19,45 @@ Backend authors find their kit in :mod:`multilock.backend`, the contract in
 from __future__ import annotations
 
 from . import errors
+from ._clock import Clock, ManualClock, SystemClock
+from ._events import EventKind, JobEvent
+from ._jobs import Job, RunContext, current_run
 from ._keys import advisory_key
 from ._registry import connect, connect_async, installed_schemes, register_backend
+from ._scheduler import Scheduler
 from ._signal import LostSignal
+from ._triggers import Trigger, cron, daily, every, monthly, once, weekly
 from .abc import AsyncDistributedLock, AsyncLease, Capability, DistributedLock, Lease
 
 __all__ = [
     "AsyncDistributedLock",
     "AsyncLease",
     "Capability",
+    "Clock",
     "DistributedLock",
+    "EventKind",
+    "Job",
+    "JobEvent",
     "Lease",
     "LostSignal",
+    "ManualClock",
+    "RunContext",
+    "Scheduler",
+    "SystemClock",
+    "Trigger",
     "advisory_key",
     "connect",
     "connect_async",
+    "cron",
+    "current_run",
+    "daily",
     "errors",
+    "every",
     "installed_schemes",
+    "monthly",
+    "once",
     "register_backend",
+    "weekly",
 ]
 
 __version__ = "0.1.0"

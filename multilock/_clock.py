@@ -1,0 +1,104 @@
+"""Clocks: every time decision of the scheduler goes through one, so tests can drive it."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from typing import Protocol
+
+__all__ = ["Clock", "ManualClock", "SystemClock"]
+
+
+class Clock(Protocol):
+    """Wall time as the scheduler sees it, in seconds since the epoch (UTC)."""
+
+    def now(self) -> float:
+        """The current time, seconds since the epoch."""
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Return once :meth:`now` has reached ``deadline`` (at once if it has)."""
+
+
+class SystemClock:
+    """The host clock, optionally shifted by ``offset`` seconds (to simulate skew)."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        """``time.time() + offset``."""
+        return time.time() + self.offset
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep until the (shifted) host clock reaches ``deadline``."""
+        # Re-check after waking: the event loop's timer may fire a little early.
+        left = deadline - self.now()
+        while left > 0:
+            await asyncio.sleep(left)
+            left = deadline - self.now()
+
+    def __repr__(self) -> str:
+        return f"SystemClock(offset={self.offset!r})"
+
+
+class ManualClock:
+    """A clock that only moves when told to: :meth:`advance` or :meth:`set`.
+
+    Sleepers whose deadline is reached are woken in deadline order. Must be
+    used from one event loop. :meth:`shifted` gives views of the same clock
+    ahead of or behind it, as replicas with skewed clocks would see it.
+    """
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._now = float(start)
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def now(self) -> float:
+        """The current manual time."""
+        return self._now
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Wait until the clock is moved to ``deadline`` or beyond."""
+        if deadline <= self._now:
+            await asyncio.sleep(0)  # still a scheduling point, like a real sleep
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (deadline, next(self._order), future))
+        await future
+
+    def set(self, when: float) -> None:
+        """Move the clock to ``when`` (never backwards) and wake the due sleepers."""
+        if when < self._now:
+            raise ValueError(f"a ManualClock never goes backwards ({when} < {self._now})")
+        self._now = float(when)
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``."""
+        self.set(self._now + seconds)
+
+    def shifted(self, offset: float) -> ShiftedClock:
+        """A view of this clock that reads ``offset`` seconds ahead (or behind, if < 0)."""
+        return ShiftedClock(self, offset)
+
+
+class ShiftedClock:
+    """A :class:`ManualClock` seen with a constant offset (a replica with a skewed clock)."""
+
+    def __init__(self, base: ManualClock, offset: float) -> None:
+        self.base = base
+        self.offset = offset
+
+    def now(self) -> float:
+        """The base clock plus the offset."""
+        return self.base.now() + self.offset
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Wait until the base clock reaches ``deadline - offset``."""
+        await self.base.sleep_until(deadline - self.offset)

@@ -1,0 +1,96 @@
+"""What the scheduler tells listeners and logs about each run."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+__all__ = ["EventKind", "JobEvent", "Listener", "emit"]
+
+log = logging.getLogger("multilock.scheduler")
+
+
+class EventKind(enum.StrEnum):
+    """The outcome (or start) of one tick of one job; also the ``outcome`` metric label."""
+
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    """The job raised, or its lock could not be asked for (``error`` says which)."""
+    TIMED_OUT = "timed_out"
+    SKIPPED_HELD = "skipped_held"
+    """Another replica holds the job's lease (or leads): normal, logged at DEBUG."""
+    SKIPPED_OVERLAP = "skipped_overlap"
+    """The previous run in this process is still going and ``overlap="reschedule"``."""
+    MISSED = "missed"
+    """The tick was too late to run (misfire grace passed, or coalesced away)."""
+    LEASE_LOST = "lease_lost"
+    """The lease (or leadership) was lost during the run, which was cancelled."""
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One event of one tick: ``kind``, the job, its scheduled fire time, and details."""
+
+    kind: EventKind
+    job: str
+    fire_time: datetime
+    replica_id: str
+    duration: float | None = None
+    """Run time in seconds (outcomes of runs that started)."""
+    delay: float | None = None
+    """Seconds between the fire time and the start (``started``)."""
+    error: BaseException | None = None
+    """The exception of ``failed``."""
+    reason: str | None = None
+    """Why a tick was skipped, missed or lost."""
+
+
+Listener = Callable[[JobEvent], object]
+"""A callable given every :class:`JobEvent`; called on the scheduler's event loop."""
+
+_LEVELS = {
+    EventKind.STARTED: logging.DEBUG,
+    EventKind.SUCCEEDED: logging.INFO,
+    EventKind.FAILED: logging.ERROR,
+    EventKind.TIMED_OUT: logging.WARNING,
+    EventKind.SKIPPED_HELD: logging.DEBUG,
+    EventKind.SKIPPED_OVERLAP: logging.WARNING,
+    EventKind.MISSED: logging.WARNING,
+    EventKind.LEASE_LOST: logging.ERROR,
+}
+
+
+def emit(event: JobEvent, listeners: list[Listener]) -> None:
+    """Log ``event`` with structured fields, then hand it to every listener."""
+    level = _LEVELS[event.kind]
+    if log.isEnabledFor(level):
+        fields = {
+            "job": event.job,
+            "fire_time": event.fire_time.isoformat(),
+            "replica_id": event.replica_id,
+            "outcome": event.kind.value,
+            "duration": event.duration,
+        }
+        detail = f" in {event.duration:.3f}s" if event.duration is not None else ""
+        if event.reason:
+            detail += f" ({event.reason})"
+        error = event.error
+        log.log(
+            level,
+            "job %s tick %s %s%s",
+            event.job,
+            fields["fire_time"],
+            event.kind.value,
+            detail,
+            extra=fields,
+            exc_info=(type(error), error, error.__traceback__) if error is not None else None,
+        )
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:  # a listener's bug must not stop the scheduler or the others
+            log.exception("scheduler listener %r raised", listener)

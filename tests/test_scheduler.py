@@ -1,0 +1,631 @@
+"""The scheduler on memory:// with a manual clock: every time decision is driven by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import multilock
+import multilock._scheduler
+from multilock import EventKind, JobEvent, ManualClock, Scheduler, current_run, every
+from multilock._jobs import Overlap
+from multilock._memory import AsyncMemoryLocker
+from multilock.abc import AsyncLease
+from multilock.backend import LockURL
+from multilock.errors import ConfigurationError
+
+T0 = 1_800_000_000.0  # a whole multiple of every interval used here
+
+
+def namespace() -> str:
+    """A fresh memory:// URL: tests never see each other's locks."""
+    return f"memory://sched-{uuid.uuid4().hex[:10]}"
+
+
+def at(seconds: float) -> datetime:
+    """The instant ``T0 + seconds``."""
+    return datetime.fromtimestamp(T0 + seconds, UTC)
+
+
+async def settle(rounds: int = 50) -> None:
+    """Let every ready task run: memory:// and a manual clock do no real I/O, so a
+    bounded number of loop turns lets each scheduler finish reacting."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    """Poll ``check`` until true, or fail naming ``what`` (for work in worker threads)."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {within}s: {what}")
+        await asyncio.sleep(0.002)
+
+
+class Events:
+    """A listener that keeps every event."""
+
+    def __init__(self) -> None:
+        self.seen: list[JobEvent] = []
+
+    def __call__(self, event: JobEvent) -> None:
+        self.seen.append(event)
+
+    def of(self, kind: EventKind, job: str | None = None) -> list[JobEvent]:
+        """The events of ``kind`` (for ``job``)."""
+        return [e for e in self.seen if e.kind is kind and (job is None or e.job == job)]
+
+    def fires(self, kind: EventKind) -> list[float]:
+        """Fire times (seconds after T0) of the events of ``kind``."""
+        return [e.fire_time.timestamp() - T0 for e in self.of(kind)]
+
+
+def scheduler(url: str, clock: multilock.Clock, events: Events, **options: object) -> Scheduler:
+    """A scheduler on ``url`` with metrics off and ``events`` listening."""
+    options.setdefault("stop_timeout", 2)  # a lease hold left pending at exit costs this
+    made = Scheduler(url, clock=clock, metrics=False, **options)  # type: ignore[arg-type]
+    made.add_listener(events)
+    return made
+
+
+def held_names(url: str) -> list[str | None]:
+    """The names held in a memory:// namespace."""
+    return [info.name for info in AsyncMemoryLocker(LockURL.parse(url)).locks()]
+
+
+def manual() -> ManualClock:
+    """A manual clock just after T0 (tick T0 is beyond the default misfire grace)."""
+    return ManualClock(T0 + 1)
+
+
+# --- one replica ---------------------------------------------------------------------------
+
+
+def test_runs_each_tick_with_bound_arguments_and_context() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    seen: list[tuple[Any, ...]] = []
+
+    async def job(a: int, *, b: int) -> None:
+        run = current_run()
+        seen.append((a, b, run.job, run.fire_time, run.replica_id, run.fencing_token))
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events, replica_id="r1")
+        sched.add_job(job, every(seconds=10), name="tick", args=(1,), kwargs={"b": 2})
+        async with sched:
+            await settle()
+            assert seen == []
+            clock.set(T0 + 10)
+            await settle()
+            assert held_names(url) == ["tick"]  # kept until fire time + skew_tolerance
+            clock.set(T0 + 10.99)
+            await settle()
+            assert held_names(url) == ["tick"]
+            clock.set(T0 + 11)
+            await settle()
+            assert held_names(url) == []
+            clock.set(T0 + 20)
+            await settle()
+            clock.set(T0 + 21)
+            await settle()
+        assert held_names(url) == []
+
+    asyncio.run(scenario())
+    assert [s[:5] for s in seen] == [(1, 2, "tick", at(10), "r1"), (1, 2, "tick", at(20), "r1")]
+    assert all(isinstance(s[5], int) for s in seen)
+    assert events.fires(EventKind.SUCCEEDED) == [10, 20]
+    (started, _) = events.of(EventKind.STARTED)
+    assert started.delay == 0.0
+
+
+def test_exception_is_logged_counted_and_the_scheduler_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    prometheus = pytest.importorskip("prometheus_client")
+    registry = prometheus.CollectorRegistry()
+    url, clock, events = namespace(), manual(), Events()
+    calls = []
+
+    async def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("boom")
+
+    async def scenario() -> None:
+        sched = Scheduler(url, clock=clock, registry=registry, replica_id="r1", stop_timeout=2)
+        sched.add_listener(events)
+        sched.add_job(flaky, every(seconds=10))
+        async with sched:
+            for tick in (10, 20, 21):
+                clock.set(T0 + tick)
+                await settle()
+
+    with caplog.at_level(logging.DEBUG, logger="multilock.scheduler"):
+        asyncio.run(scenario())
+    assert events.fires(EventKind.FAILED) == [10]
+    assert events.fires(EventKind.SUCCEEDED) == [20]
+    (failed,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed.exc_info is not None
+    assert "ValueError: boom" in caplog.text
+    assert failed.job == "test_exception_is_logged_counted_and_the_scheduler_goes_on.<locals>.flaky"  # type: ignore[attr-defined]
+    assert failed.outcome == "failed"  # type: ignore[attr-defined]
+    assert failed.replica_id == "r1"  # type: ignore[attr-defined]
+    job = failed.job  # type: ignore[attr-defined]
+    value = registry.get_sample_value
+    assert value("multilock_job_runs_total", {"job": job, "outcome": "failed"}) == 1
+    assert value("multilock_job_runs_total", {"job": job, "outcome": "succeeded"}) == 1
+    assert value("multilock_job_duration_seconds_count", {"job": job}) == 2
+    assert value("multilock_job_schedule_delay_seconds_count", {"job": job}) == 2
+    assert (value("multilock_job_last_success_timestamp_seconds", {"job": job}) or 0) > 0
+
+
+def test_async_job_past_its_timeout_is_cancelled() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    outcome: list[str] = []
+
+    async def slow() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(slow, every(seconds=60), name="slow", timeout="30s")
+        async with sched:
+            clock.set(T0 + 60)
+            await settle()
+            clock.set(T0 + 89.9)
+            await settle()
+            assert outcome == []
+            clock.set(T0 + 90)
+            await settle()
+            assert held_names(url) == []  # the hold ended long ago (fire + 1 s)
+
+    asyncio.run(scenario())
+    assert outcome == ["cancelled"]
+    (timed_out,) = events.of(EventKind.TIMED_OUT)
+    assert timed_out.duration == 30.0
+
+
+def test_sync_job_runs_in_a_thread_and_sees_cancellation() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    seen: list[object] = []
+
+    def blocking() -> None:
+        run = current_run()
+        seen.append(threading.current_thread() is threading.main_thread())
+        seen.append(run.cancel_event.wait(10))  # returns True once the scheduler cancels it
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(blocking, every(seconds=60), name="blocking", timeout=5)
+        async with sched:
+            clock.set(T0 + 60)
+            await until(lambda: len(seen) == 1, "the sync job started")
+            assert held_names(url) == ["blocking"]
+            clock.set(T0 + 65)
+            await until(lambda: bool(events.of(EventKind.TIMED_OUT)), "timed_out")
+
+    asyncio.run(scenario())
+    assert seen == [False, True]
+
+
+def test_lost_lease_cancels_the_run() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    started = asyncio.Event()
+    outcome: list[str] = []
+
+    async def guarded() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(guarded, every(seconds=60), name="guarded")
+        async with sched:
+            clock.set(T0 + 60)
+            await started.wait()
+            AsyncMemoryLocker(LockURL.parse(url)).revoke("guarded", "connection killed")
+            await settle()
+
+    asyncio.run(scenario())
+    assert outcome == ["cancelled"]
+    (lost,) = events.of(EventKind.LEASE_LOST)
+    assert lost.reason == "connection killed"
+
+
+@pytest.mark.parametrize("overlap", ["reschedule", "wait"])
+def test_overlap_within_the_process(overlap: Overlap) -> None:
+    url, clock, events = namespace(), manual(), Events()
+    gate = asyncio.Event()
+
+    async def long() -> None:
+        await gate.wait()
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(long, every(seconds=10), name="long", overlap=overlap, misfire_grace=5)
+        async with sched:
+            clock.set(T0 + 10)
+            await settle()
+            clock.set(T0 + 20)
+            await settle()
+            clock.set(T0 + 21)  # tick 20 is 1 s late now: still within the 5 s grace
+            gate.set()
+            await settle()
+
+    asyncio.run(scenario())
+    if overlap == "reschedule":
+        assert events.fires(EventKind.SKIPPED_OVERLAP) == [20]
+        assert events.fires(EventKind.SUCCEEDED) == [10]
+    else:
+        assert events.fires(EventKind.SKIPPED_OVERLAP) == []
+        assert events.fires(EventKind.SUCCEEDED) == [10, 20]
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+def test_misfire_grace_and_coalescing_after_a_pause(coalesce: bool) -> None:
+    url, clock, events = namespace(), manual(), Events()
+
+    async def job() -> None:
+        return None
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(job, every(seconds=10), name="j", misfire_grace=30, coalesce=coalesce)
+        async with sched:
+            clock.set(T0 + 45)  # ticks 10, 20, 30, 40 are all due at once
+            await settle(200)
+
+    asyncio.run(scenario())
+    missed = {e.fire_time.timestamp() - T0: e.reason for e in events.of(EventKind.MISSED)}
+    if coalesce:
+        assert missed == {10: "35.000s late", 20: "coalesced", 30: "coalesced"}
+        assert events.fires(EventKind.SUCCEEDED) == [40]
+    else:
+        assert missed == {10: "35.000s late"}
+        assert events.fires(EventKind.SUCCEEDED) == [20, 30, 40]
+
+
+def test_default_misfire_grace_drops_a_tick_after_a_long_pause() -> None:
+    url, clock, events = namespace(), manual(), Events()
+
+    async def job() -> None:
+        return None
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(job, every(seconds=10), name="j")
+        async with sched:
+            clock.set(T0 + 10.6)  # default grace: skew_tolerance / 2 = 0.5 s
+            await settle()
+
+    asyncio.run(scenario())
+    assert events.fires(EventKind.MISSED) == [10]
+    assert events.of(EventKind.STARTED) == []
+
+
+def test_registration_refuses_duplicates_and_colliding_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sched = Scheduler(namespace(), clock=manual(), metrics=False)
+
+    async def job() -> None:
+        return None
+
+    sched.add_job(job, every(minutes=1), name="a")
+    with pytest.raises(ConfigurationError, match="a job named 'a' is already registered"):
+        sched.add_job(job, every(minutes=1), name="a")
+    # FNV-1a 64 collisions are too rare to find here: make every name collide.
+    monkeypatch.setattr(multilock._scheduler, "advisory_key", lambda name: 42)
+    other = Scheduler(namespace(), clock=manual(), metrics=False)
+    other.add_job(job, every(minutes=1), name="first")
+    with pytest.raises(ConfigurationError, match="'second' and 'first' have the same advisory key"):
+        other.add_job(job, every(minutes=1), name="second")
+
+
+def test_the_lock_argument() -> None:
+    assert Scheduler(metrics=False).__repr__().startswith("<Scheduler file:///")
+    with pytest.raises(ConfigurationError, match="not a sync one"):
+        Scheduler(multilock.connect("memory://x"), metrics=False)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="a URL or an async locker"):
+        Scheduler(object(), metrics=False)  # type: ignore[arg-type]
+
+
+# --- several replicas ------------------------------------------------------------------------
+
+
+def _replicas(
+    url: str, clock: ManualClock, offsets: Iterable[float], events: Events, **options: object
+) -> list[Scheduler]:
+    made = []
+    for i, offset in enumerate(offsets):
+        options.setdefault("skew_tolerance", 0.9)
+        options.setdefault("stop_timeout", 0.1)  # cancels the last lease holds at once
+        sched = scheduler(url, clock.shifted(offset), events, replica_id=f"r{i}", **options)
+        made.append(sched)
+    return made
+
+
+async def _walk(clock: ManualClock, until_t: float, step: float = 0.05) -> None:
+    """Advance the clock in small steps, letting every replica react to each."""
+    while clock.now() < until_t:
+        clock.advance(step)
+        await settle()
+
+
+def _counts(events: Events) -> dict[float, int]:
+    counted: dict[float, int] = {}
+    for fire in events.fires(EventKind.STARTED):
+        counted[round(fire, 3)] = counted.get(round(fire, 3), 0) + 1
+    return counted
+
+
+def test_skewed_replicas_run_each_tick_exactly_once() -> None:
+    """Clocks -300 ms, 0, +300 ms apart, 1 s ticks: every tick once, the late ones skip."""
+    url, clock, events = namespace(), manual(), Events()
+
+    async def job() -> None:
+        return None
+
+    async def scenario() -> None:
+        replicas = _replicas(url, clock, (-0.3, 0.0, 0.3), events)
+        for sched in replicas:
+            sched.add_job(job, every(seconds=1), name="job")
+            await sched.start()
+        await _walk(clock, T0 + 12.5)
+        for sched in replicas:
+            await sched.stop()
+
+    asyncio.run(scenario())
+    assert _counts(events) == {float(t): 1 for t in range(1, 13)}
+    assert len(events.of(EventKind.SKIPPED_HELD)) == 2 * 12
+
+
+def test_a_replica_later_than_the_tolerance_runs_the_tick_again() -> None:
+    """The documented limit: skew beyond skew_tolerance is not covered."""
+    url, clock, events = namespace(), manual(), Events()
+
+    async def job() -> None:
+        return None
+
+    async def scenario() -> None:
+        replicas = _replicas(url, clock, (0.0, -0.5), events, skew_tolerance=0.4, misfire_grace=0.2)
+        for sched in replicas:
+            sched.add_job(job, every(seconds=2), name="job")
+            await sched.start()
+        await _walk(clock, T0 + 3)
+        for sched in replicas:
+            await sched.stop()
+
+    asyncio.run(scenario())
+    assert _counts(events) == {2.0: 2}
+
+
+def test_local_jobs_run_on_every_replica() -> None:
+    url, clock, events = namespace(), manual(), Events()
+
+    async def job() -> None:
+        return None
+
+    async def scenario() -> None:
+        replicas = _replicas(url, clock, (0.0, 0.0), events)
+        for sched in replicas:
+            sched.add_job(job, every(seconds=1), name="local", distributed=False)
+            await sched.start()
+        await _walk(clock, T0 + 3.5)
+        for sched in replicas:
+            await sched.stop()
+        assert held_names(url) == []
+
+    asyncio.run(scenario())
+    assert _counts(events) == {1.0: 2, 2.0: 2, 3.0: 2}
+
+
+class CountingLocker:
+    """memory:// with a count of the try_acquire_many calls (a real backend, observed)."""
+
+    def __init__(self, url: str) -> None:
+        self.inner = AsyncMemoryLocker(LockURL.parse(url))
+        self.batches: list[list[str]] = []
+        self.capabilities = self.inner.capabilities
+        self.url = self.inner.url
+
+    async def try_acquire(self, name: str, *, ttl: Any = None) -> AsyncLease | None:
+        return await self.inner.try_acquire(name, ttl=ttl)
+
+    async def try_acquire_many(
+        self, names: Iterable[str], *, ttl: Any = None
+    ) -> Mapping[str, AsyncLease | None]:
+        names = list(names)
+        self.batches.append(names)
+        return await self.inner.try_acquire_many(names, ttl=ttl)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_jobs_due_together_are_locked_in_one_batch() -> None:
+    url, clock = namespace(), manual()
+    locker = CountingLocker(url)
+
+    async def job() -> None:
+        return None
+
+    async def scenario() -> None:
+        sched = Scheduler(locker, clock=clock, metrics=False, stop_timeout=2)  # type: ignore[arg-type]
+        for i in range(5):
+            sched.add_job(job, every(seconds=10), name=f"job-{i}")
+        async with sched:
+            clock.set(T0 + 10)
+            await settle()
+            clock.set(T0 + 11)
+            await settle()
+        assert not locker.inner.closed  # the scheduler does not close a locker it was given
+
+    asyncio.run(scenario())
+    assert locker.batches == [[f"job-{i}" for i in range(5)]]
+
+
+# --- leader mode -----------------------------------------------------------------------------
+
+
+def test_leader_mode_runs_on_the_leader_and_fails_over() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    ran_on: list[str] = []
+    cancelled: list[str] = []
+
+    async def job() -> None:
+        ran_on.append(current_run().replica_id)
+        if len(ran_on) == 1:
+            try:
+                await asyncio.Event().wait()  # the first run is still going when leadership goes
+            except asyncio.CancelledError:
+                cancelled.append(current_run().replica_id)
+                raise
+
+    async def scenario() -> None:
+        a, b = _replicas(url, clock, (0.0, 0.0), events, coordination="leader")
+        for sched in (a, b):
+            sched.add_job(job, every(seconds=10), name="job")
+        await a.start()
+        await settle()
+        await b.start()
+        await _walk(clock, T0 + 10.5)
+        assert (a.is_leader, b.is_leader) == (True, False)
+        assert ran_on == ["r0"]
+        AsyncMemoryLocker(LockURL.parse(url)).revoke("multilock-scheduler-leader", "expired")
+        await settle()
+        assert cancelled == ["r0"]
+        assert not a.is_leader
+        await a.stop()  # a crashes; b polls every leader_poll (1 s)
+        await _walk(clock, T0 + 12)
+        assert b.is_leader
+        await _walk(clock, T0 + 20.5)
+        await b.stop()
+        assert held_names(url) == []
+
+    asyncio.run(scenario())
+    assert ran_on == ["r0", "r1"]
+    assert [e.replica_id for e in events.of(EventKind.LEASE_LOST)] == ["r0"]
+    assert {e.reason for e in events.of(EventKind.SKIPPED_HELD)} == {"not the leader"}
+
+
+# --- lifecycle -------------------------------------------------------------------------------
+
+
+def test_shutdown_waits_for_running_jobs_then_cancels_and_releases() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    finished: list[str] = []
+
+    async def quick() -> None:
+        await asyncio.sleep(0.05)
+        finished.append("quick")
+
+    async def stuck() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            finished.append("stuck cancelled")
+            raise
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events, stop_timeout=0.3)
+        sched.add_job(quick, every(seconds=10), name="quick")
+        sched.add_job(stuck, every(seconds=10), name="stuck")
+        await sched.start()
+        clock.set(T0 + 10)
+        await settle()
+        assert set(held_names(url)) == {"quick", "stuck"}
+        began = time.monotonic()
+        await sched.stop()
+        assert 0.25 < time.monotonic() - began < 2
+        assert held_names(url) == []
+
+    asyncio.run(scenario())
+    assert finished == ["quick", "stuck cancelled"]
+    assert events.fires(EventKind.SUCCEEDED) == [10]
+
+
+def test_background_thread_for_sync_applications() -> None:
+    url = namespace()
+    runs: list[float] = []
+    sched = Scheduler(url, skew_tolerance=0.05, metrics=False)
+    sched.add_job(lambda: runs.append(time.time()), every(seconds=0.1), name="fast")
+    sched.start_in_background()
+    try:
+        deadline = time.monotonic() + 5
+        while len(runs) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        sched.shutdown()
+    assert len(runs) >= 3
+    assert not any(t.name == "multilock-scheduler" for t in threading.enumerate())
+
+
+def test_run_stops_gracefully_on_sigterm(tmp_path: Any) -> None:
+    script = textwrap.dedent(
+        f"""
+        import logging
+        import multilock
+        logging.basicConfig(level=logging.INFO)
+        sched = multilock.Scheduler("file://{tmp_path}", metrics=False)
+        sched.add_job(lambda: None, multilock.every(minutes=1), name="idle")
+        sched.run()
+        print("stopped", flush=True)
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stderr is not None
+        # run() installs its signal handlers before it starts, and start logs this line.
+        line = proc.stderr.readline()
+        assert "scheduler started" in line, line
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert out.strip() == "stopped"
+    assert "scheduler stopped" in err
+
+
+def test_skipped_held_is_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    url, clock, events = namespace(), manual(), Events()
+
+    async def job() -> None:
+        return None
+
+    async def scenario() -> None:
+        replicas = _replicas(url, clock, (0.0, -0.1), events)
+        for sched in replicas:
+            sched.add_job(job, every(seconds=1), name="job")
+            await sched.start()
+        await _walk(clock, T0 + 2.5)
+        for sched in replicas:
+            await sched.stop()
+
+    with caplog.at_level(logging.DEBUG, logger="multilock.scheduler"):
+        asyncio.run(scenario())
+    skipped = [r for r in caplog.records if getattr(r, "outcome", None) == "skipped_held"]
+    assert skipped
+    assert {r.levelno for r in skipped} == {logging.DEBUG}
+    assert {r.replica_id for r in skipped} == {"r1"}  # type: ignore[attr-defined]
+    assert [r.fire_time for r in skipped] == [at(1).isoformat(), at(2).isoformat()]  # type: ignore[attr-defined]

@@ -96,7 +96,7 @@ class Settings:
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``psycopg.Connection.connect`` besides the conninfo."""
-        return {"password": self.password, "autocommit": True, "prepare_threshold": None}
+        return {"password": self.password, "autocommit": True}
 
     def __repr__(self) -> str:
         return f"Settings({self.url.masked!r})"

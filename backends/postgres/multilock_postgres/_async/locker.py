@@ -83,6 +83,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
         self._pid: int | None = None
         self._held: dict[int, AsyncPostgresLease] = {}
         self._suspects: set[int] = set()
+        self._prepared: set[str] = set()
         self._keys = KeyCache()
         self._ticker: AsyncTicker | None = None
 
@@ -195,7 +196,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
 
     async def _ask(
         self,
-        query: Any,
+        query: str,
         params: Sequence[Any] | None,
         lost: _Lost,
         doing: str,
@@ -217,7 +218,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
             elif self._suspects:
                 await self._unlock_suspects(cursor)
             try:
-                await cursor.execute(query, params, prepare=True)
+                await self._execute(cursor, query, params)
                 return await cursor.fetchall()
             except psycopg.Error as exc:
                 conn = self._conn
@@ -228,8 +229,20 @@ class AsyncPostgresLocker(AsyncLockerBase):
                     raise driver_error(self._settings.url, exc, doing) from None
                 retry = False
 
+    async def _execute(
+        self, cursor: psycopg.AsyncCursor[Any], query: str, params: Sequence[Any] | None
+    ) -> None:
+        """Run a prepared statement: one round trip, the first one included (in a
+        pipeline, the Parse travels with the Bind and Execute)."""
+        if query in self._prepared:
+            await cursor.execute(query, params, prepare=True)
+            return
+        async with cursor.connection.pipeline():
+            await cursor.execute(query, params, prepare=True)
+        self._prepared.add(query)
+
     async def _ask_lock(
-        self, query: Any, params: Sequence[Any], keys: list[int], lost: _Lost
+        self, query: str, params: Sequence[Any], keys: list[int], lost: _Lost
     ) -> list[Any]:
         """``_ask`` for an acquire statement. An interruption that lands while it is
         in flight (psycopg cancels the query, but the server may already have
@@ -245,7 +258,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
         keys = [Int8(k) for k in self._suspects if k not in self._held]
         self._suspects.clear()
         if keys:
-            await cursor.execute(_sql.UNLOCK_MANY, (keys,), prepare=True)
+            await self._execute(cursor, _sql.UNLOCK_MANY, (keys,))
 
     async def _connect(self) -> psycopg.AsyncCursor[Any]:
         settings = self._settings
@@ -267,6 +280,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
             await conn.close()
             raise
         self._conn = conn
+        self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
         self._pid = conn.info.backend_pid
         if self._ticker is None:

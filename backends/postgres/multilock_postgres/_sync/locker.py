@@ -86,6 +86,7 @@ class PostgresLocker(LockerBase):
         self._pid: int | None = None
         self._held: dict[int, PostgresLease] = {}
         self._suspects: set[int] = set()
+        self._prepared: set[str] = set()
         self._keys = KeyCache()
         self._ticker: Ticker | None = None
 
@@ -196,7 +197,7 @@ class PostgresLocker(LockerBase):
 
     def _ask(
         self,
-        query: Any,
+        query: str,
         params: Sequence[Any] | None,
         lost: _Lost,
         doing: str,
@@ -218,7 +219,7 @@ class PostgresLocker(LockerBase):
             elif self._suspects:
                 self._unlock_suspects(cursor)
             try:
-                cursor.execute(query, params, prepare=True)
+                self._execute(cursor, query, params)
                 return cursor.fetchall()
             except psycopg.Error as exc:
                 conn = self._conn
@@ -229,8 +230,20 @@ class PostgresLocker(LockerBase):
                     raise driver_error(self._settings.url, exc, doing) from None
                 retry = False
 
+    def _execute(
+        self, cursor: psycopg.Cursor[Any], query: str, params: Sequence[Any] | None
+    ) -> None:
+        """Run a prepared statement: one round trip, the first one included (in a
+        pipeline, the Parse travels with the Bind and Execute)."""
+        if query in self._prepared:
+            cursor.execute(query, params, prepare=True)
+            return
+        with cursor.connection.pipeline():
+            cursor.execute(query, params, prepare=True)
+        self._prepared.add(query)
+
     def _ask_lock(
-        self, query: Any, params: Sequence[Any], keys: list[int], lost: _Lost
+        self, query: str, params: Sequence[Any], keys: list[int], lost: _Lost
     ) -> list[Any]:
         """``_ask`` for an acquire statement. An interruption that lands while it is
         in flight (psycopg cancels the query, but the server may already have
@@ -246,7 +259,7 @@ class PostgresLocker(LockerBase):
         keys = [Int8(k) for k in self._suspects if k not in self._held]
         self._suspects.clear()
         if keys:
-            cursor.execute(_sql.UNLOCK_MANY, (keys,), prepare=True)
+            self._execute(cursor, _sql.UNLOCK_MANY, (keys,))
 
     def _connect(self) -> psycopg.Cursor[Any]:
         settings = self._settings
@@ -266,6 +279,7 @@ class PostgresLocker(LockerBase):
             conn.close()
             raise
         self._conn = conn
+        self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
         self._pid = conn.info.backend_pid
         if self._ticker is None:

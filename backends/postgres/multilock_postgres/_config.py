@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import make_conninfo
 
 from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str
@@ -141,9 +142,15 @@ def parse_settings(url: LockURL) -> Settings:
     params.update(libpq)
     if params["port"] is not None and not params["port"].strip(","):
         params["port"] = None
+    try:
+        conninfo = make_conninfo("", **params)
+    except psycopg.ProgrammingError as exc:  # a parameter this libpq does not know
+        raise InvalidOption(
+            f"invalid libpq parameter in {url.scheme}:// URL {url.masked!r}: {url.redact(str(exc))}"
+        ) from None
     return Settings(
         url=url,
-        conninfo=make_conninfo("", **params),
+        conninfo=conninfo,
         password=password,
         health_interval=interval,
         fencing_sequence=sequence if values["fencing"] else None,

@@ -8,7 +8,7 @@ import pytest
 
 import multilock
 import multilock.backend
-from multilock.errors import BackendUnavailable, MultilockError
+from multilock.errors import BackendUnavailable, MissingBackend, MultilockError
 
 __all__ = ["require_backends", "server_url"]
 
@@ -26,17 +26,36 @@ def require_backends(config: pytest.Config) -> bool:
 def server_url(config: pytest.Config, url: str) -> str:
     """Return ``url`` if its backend answers a probe acquire/release.
 
-    Otherwise skip the test with the reason -- or fail it when backends are
-    required, so that a missing server can never pass CI as a skip.
+    A server that cannot be reached, or a backend distribution that is not
+    installed, skips the test with the reason -- or fails it when backends are
+    required, so that a missing server can never pass CI as a skip. A URL that
+    is wrong (bad option, unknown scheme) always fails. The probe runs once per
+    URL and session.
     """
+    cache = config.stash.setdefault(_PROBED, {})
+    if url not in cache:
+        cache[url] = _probe(url)
+    problem = cache[url]
+    if problem is not None:
+        message, can_skip = problem
+        if can_skip and not require_backends(config):
+            pytest.skip(message)
+        pytest.fail(message, pytrace=False)
+    return url
+
+
+def _probe(url: str) -> tuple[str, bool] | None:
+    masked = multilock.backend.mask_url(url)
     try:
         with multilock.connect(url) as locker:
             lease = locker.try_acquire("multilock-conformance-probe")
             if lease is not None:
                 lease.release()
-    except (BackendUnavailable, MultilockError) as exc:
-        message = f"backend {multilock.backend.mask_url(url)} is not usable: {exc}"
-        if require_backends(config):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return url
+    except (BackendUnavailable, MissingBackend) as exc:
+        return f"backend {masked} is not reachable: {exc}", True
+    except MultilockError as exc:
+        return f"backend {masked} is not usable: {exc}", False
+    return None
+
+
+_PROBED = pytest.StashKey[dict[str, tuple[str, bool] | None]]()

@@ -1,0 +1,190 @@
+"""Scheduler load: N interval jobs firing every second, multilock beside APScheduler 3.
+
+    python benchmarks/scheduler_load.py                 # 100, 1,000, 10,000 jobs, 20 s each
+    python benchmarks/scheduler_load.py --quick         # CI smoke: 100 jobs, 3 s
+    python benchmarks/scheduler_load.py --json out.json # also write the figures
+
+Each configuration runs in a fresh child process (so peak RSS and CPU are its
+own), one after the other in the same run: multilock on memory:// (and on
+PostgreSQL at 1,000 jobs when a server answers), and APScheduler 3.x's
+AsyncIOScheduler with the same async job. A job records how late it started
+against its scheduled fire time: multilock reports the exact fire time
+(``current_run().fire_time``); APScheduler's jobs fire on whole seconds (the
+start date is aligned), so its lateness is the time past the second.
+Reported: lateness p50/p99/max, CPU seconds per wall second, peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+WARMUP = 2.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _measure(lateness: list[float], started: float, cpu0: float) -> dict[str, float]:
+    wall = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "runs": len(lateness),
+        "p50_ms": _percentile(lateness, 0.50) * 1000,
+        "p99_ms": _percentile(lateness, 0.99) * 1000,
+        "max_ms": max(lateness, default=math.nan) * 1000,
+        "cpu_per_wall": (usage.ru_utime + usage.ru_stime - cpu0) / wall,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+    }
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _child_multilock(jobs: int, seconds: float, lock: str) -> dict[str, float]:
+    import multilock
+
+    lateness: list[float] = []
+    recording = False
+
+    async def job() -> None:
+        if recording:
+            lateness.append(time.time() - multilock.current_run().fire_time.timestamp())
+
+    scheduler = multilock.Scheduler(lock, skew_tolerance=0.5, metrics=False)
+    for index in range(jobs):
+        scheduler.add_job(job, multilock.every(seconds=1), name=f"bench-{os.getpid()}-{index}")
+    async with scheduler:
+        await asyncio.sleep(WARMUP)
+        recording = True
+        started, cpu0 = time.monotonic(), _cpu()
+        await asyncio.sleep(seconds)
+        result = _measure(lateness, started, cpu0)
+        recording = False
+    return result
+
+
+async def _child_apscheduler(jobs: int, seconds: float) -> dict[str, float]:
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    lateness: list[float] = []
+    recording = False
+
+    async def job() -> None:
+        if recording:
+            now = time.time()
+            lateness.append(now - math.floor(now))
+
+    scheduler = AsyncIOScheduler(timezone="UTC")
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    for index in range(jobs):
+        scheduler.add_job(
+            job, "interval", seconds=1, start_date=start, id=f"bench-{index}",
+            misfire_grace_time=1, coalesce=True, max_instances=1,
+        )  # fmt: skip
+    scheduler.start()
+    try:
+        await asyncio.sleep(WARMUP)
+        recording = True
+        started, cpu0 = time.monotonic(), _cpu()
+        await asyncio.sleep(seconds)
+        result = _measure(lateness, started, cpu0)
+        recording = False
+    finally:
+        scheduler.shutdown(wait=False)
+    return result
+
+
+def _run_child(lib: str, jobs: int, seconds: float, lock: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", lib, "--jobs", str(jobs)]
+    command += ["--seconds", str(seconds), "--lock", lock]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _postgres_url() -> str | None:
+    url = os.environ.get("MULTILOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    try:
+        import multilock
+
+        with multilock.connect(url) as locker:
+            lease = locker.try_acquire("bench-probe")
+            if lease is not None:
+                lease.release()
+    except Exception:
+        return None
+    return url
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI smoke: small and short")
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--child", choices=["multilock", "apscheduler"], help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument("--lock", default="memory://", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        seconds = args.seconds or 20.0
+        if args.child == "multilock":
+            result = asyncio.run(_child_multilock(args.jobs, seconds, args.lock))
+        else:
+            result = asyncio.run(_child_apscheduler(args.jobs, seconds))
+        print(json.dumps(result))
+        return 0
+
+    seconds = args.seconds or (3.0 if args.quick else 20.0)
+    sizes = [100] if args.quick else [100, 1_000, 10_000]
+    plan: list[tuple[str, int, str]] = []
+    for jobs in sizes:
+        plan += [("multilock", jobs, "memory://"), ("apscheduler", jobs, "-")]
+    pg = None if args.quick else _postgres_url()
+    if pg is not None:
+        plan.append(("multilock", 1_000, pg))
+    rows = []
+    header = f"{'library':<12} {'backend':<11} {'jobs':>6} {'runs':>7} {'p50 ms':>8}"
+    header += f" {'p99 ms':>8} {'max ms':>8} {'cpu/wall':>9} {'rss MB':>7}"
+    print(header)
+    for lib, jobs, lock in plan:
+        result = _run_child(lib, jobs, seconds, lock)
+        backend = lock.split("://")[0] if lib == "multilock" else "-"
+        row = {"library": lib, "backend": backend, "jobs": jobs, **result}
+        rows.append(row)
+        if "error" in result:
+            print(f"{lib:<12} {backend:<11} {jobs:>6} error: {result['error']}")
+            continue
+        print(
+            f"{lib:<12} {backend:<11} {jobs:>6} {result['runs']:>7} {result['p50_ms']:>8.2f}"
+            f" {result['p99_ms']:>8.2f} {result['max_ms']:>8.2f}"
+            f" {result['cpu_per_wall']:>9.3f} {result['peak_rss_mb']:>7.1f}",
+            flush=True,
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"seconds": seconds, "rows": rows}, fh, indent=2)
+    failed = [row for row in rows if "error" in row]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -52,6 +52,9 @@ class Ticker:
                 _log.exception("PostgreSQL session health check failed")
             del tick
 
+    def ensure_running(self) -> None:
+        """Nothing to do: the thread runs until stopped (the async twin may need to)."""
+
     def stop(self) -> None:
         """Stop the thread and wait for a tick in progress (unless called from it)."""
         self._stop.set()
@@ -65,6 +68,7 @@ class AsyncTicker:
     def __init__(self, interval: float, tick: Callable[[], Awaitable[None]], name: str) -> None:
         self._interval = interval
         self._tick = weakref.WeakMethod(tick)
+        self._name = name
         self._stop = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
 
@@ -83,6 +87,13 @@ class AsyncTicker:
             except Exception:  # a health check must never die of one bad tick
                 _log.exception("PostgreSQL session health check failed")
             del tick
+
+    def ensure_running(self) -> None:
+        """Start the task again in the running loop if its loop has ended: a locker
+        may outlive one ``asyncio.run()`` and be used in the next."""
+        if self._task.done() and not self._stop.is_set():
+            self._stop = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
 
     async def stop(self) -> None:
         """Stop the task and wait for a tick in progress (unless called from it)."""

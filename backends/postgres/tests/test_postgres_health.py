@@ -200,3 +200,25 @@ def test_cancel_reaching_psycopg_leaves_no_lock(
 
     asyncio.run(main())
     assert cancelled > 0
+
+
+def test_async_locker_keeps_checking_in_a_later_event_loop(
+    make_url: Callable[..., str], admin: psycopg.Connection[Any]
+) -> None:
+    locker = multilock.connect_async(make_url(health_interval=INTERVAL))
+    assert isinstance(locker, AsyncPostgresLocker)
+
+    async def first() -> None:
+        lease = await locker.try_acquire(_name())
+        assert lease is not None
+        await lease.release()
+
+    async def second() -> None:
+        lease = await locker.try_acquire(_name())
+        assert lease is not None
+        _terminate(admin, locker.session_pid)
+        await asyncio.wait_for(_wait(lease.lost), INTERVAL + 1.0)
+        await locker.aclose()
+
+    asyncio.run(first())  # its loop ends, and the health task with it
+    asyncio.run(second())

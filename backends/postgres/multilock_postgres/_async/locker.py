@@ -136,6 +136,11 @@ class AsyncPostgresLocker(AsyncLockerBase):
         lease._locker = self
         lease.acquired_at = datetime.now(UTC)
         self._held[key] = lease
+        if self._ticker is None:
+            interval = self._settings.health_interval
+            self._ticker = AsyncTicker(interval, self._health_check, "multilock-postgres-health")
+        else:
+            self._ticker.ensure_running()
         return lease
 
     # -- releasing ----------------------------------------------------------------------
@@ -283,12 +288,6 @@ class AsyncPostgresLocker(AsyncLockerBase):
         self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
         self._pid = conn.info.backend_pid
-        if self._ticker is None:
-            self._ticker = AsyncTicker(
-                settings.health_interval,
-                self._health_check,
-                f"multilock-postgres-health-{self._pid}",
-            )
         return self._cursor
 
     async def _drop_session(self, reason: str) -> _Lost:

@@ -137,6 +137,11 @@ class PostgresLocker(LockerBase):
         lease._locker = self
         lease.acquired_at = datetime.now(UTC)
         self._held[key] = lease
+        if self._ticker is None:
+            interval = self._settings.health_interval
+            self._ticker = Ticker(interval, self._health_check, "multilock-postgres-health")
+        else:
+            self._ticker.ensure_running()
         return lease
 
     # -- releasing ----------------------------------------------------------------------
@@ -282,12 +287,6 @@ class PostgresLocker(LockerBase):
         self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
         self._pid = conn.info.backend_pid
-        if self._ticker is None:
-            self._ticker = Ticker(
-                settings.health_interval,
-                self._health_check,
-                f"multilock-postgres-health-{self._pid}",
-            )
         return self._cursor
 
     def _drop_session(self, reason: str) -> _Lost:

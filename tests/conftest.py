@@ -7,8 +7,10 @@ required (``--multilock-require-backends`` / ``MULTILOCK_REQUIRE_BACKENDS=1``).
 
 With ``--docker`` (or ``MULTILOCK_DOCKER=1``) the server URLs come from the
 containers of ``docker-compose.yml`` instead, started through pytest-docker's
-``docker_services`` fixture. That fixture is only requested in that mode, so the
-plugin stays inert (and Docker unneeded) on the default path.
+``docker_services`` fixture and exported as the same environment variables. That
+fixture is only requested in that mode, so the plugin stays inert (and Docker
+unneeded) on the default path. The containers start with the first test under
+``tests/``; a run of only ``backends/`` with ``--docker`` starts none.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-import multilock
 from multilock.testing import server_url
 
 DEFAULT_URLS = {
@@ -62,32 +63,39 @@ def docker_compose_file(pytestconfig: pytest.Config) -> str:
     return str(Path(pytestconfig.rootpath) / "docker-compose.yml")
 
 
-def _answers(url: str) -> Callable[[], bool]:
+def _answers(config: pytest.Config, url: str) -> Callable[[], bool]:
     def check() -> bool:
         try:
-            with multilock.connect(url) as locker:
-                lease = locker.try_acquire("multilock-docker-probe")
-                if lease is not None:
-                    lease.release()
-        except multilock.errors.MultilockError:
+            server_url(config, url)
+        except (pytest.skip.Exception, pytest.fail.Exception):
             return False
         return True
 
     return check
 
 
-def _url(request: pytest.FixtureRequest, service: str) -> str:
-    if use_docker(request.config):
-        docker_services = request.getfixturevalue("docker_services")
-        docker_ip = request.getfixturevalue("docker_ip")
-        container_port, template = _DOCKER_SERVICES[service]
+@pytest.fixture(scope="session", autouse=True)
+def _docker_servers(request: pytest.FixtureRequest) -> None:
+    """In docker mode, start the compose services and point ``MULTILOCK_*_URL`` at them.
+
+    Through the environment, so that the backend distributions' own fixtures, which
+    read the same variables, use the containers too when they run in this session.
+    """
+    if not use_docker(request.config):
+        return
+    docker_services = request.getfixturevalue("docker_services")
+    docker_ip = request.getfixturevalue("docker_ip")
+    for service, (container_port, template) in _DOCKER_SERVICES.items():
         port = docker_services.port_for(service, container_port)
         url = template.format(host=docker_ip, port=port)
         docker_services.wait_until_responsive(
-            check=_answers(url), timeout=_DOCKER_START_TIMEOUT, pause=0.5
+            check=_answers(request.config, url), timeout=_DOCKER_START_TIMEOUT, pause=0.5
         )
-    else:
-        url = os.environ.get(f"MULTILOCK_{service.upper()}_URL") or DEFAULT_URLS[service]
+        os.environ[f"MULTILOCK_{service.upper()}_URL"] = url
+
+
+def _url(request: pytest.FixtureRequest, service: str) -> str:
+    url = os.environ.get(f"MULTILOCK_{service.upper()}_URL") or DEFAULT_URLS[service]
     return server_url(request.config, url)
 
 

@@ -18,17 +18,14 @@ from ``MULTILOCK_POSTGRES_URL`` (default: the local test database).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import random
 import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+from _cycle import interleave, interleave_async, main, p99
 
 import multilock
 from multilock import advisory_key
@@ -38,37 +35,17 @@ from multilock_postgres._config import parse_settings
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 TARGETS = {"sync": 1.10, "async": 1.30}
 NAME = "multilock-benchmark-cycle"
-
-SyncCycle = Callable[[], object]
-AsyncCycle = Callable[[], Awaitable[object]]
+KEY = advisory_key(NAME)
 
 
-def _time_sync(cycle: SyncCycle, count: int, out: list[float]) -> None:
-    clock = time.perf_counter_ns
-    for _ in range(count):
-        start = clock()
-        cycle()
-        out.append((clock() - start) / 1000.0)
-
-
-async def _time_async(cycle: AsyncCycle, count: int, out: list[float]) -> None:
-    clock = time.perf_counter_ns
-    for _ in range(count):
-        start = clock()
-        await cycle()
-        out.append((clock() - start) / 1000.0)
-
-
-def _connect_raw(url: str) -> tuple[str, dict[str, Any]]:
+def _raw_connect_args(url: str) -> tuple[str, dict[str, Any]]:
     settings = parse_settings(LockURL.parse(url))
     return settings.conninfo, {"password": settings.password, "autocommit": True}
 
 
 def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
     """Time the sync variants; returns microseconds per cycle by variant."""
-    key = advisory_key(NAME)
-    conninfo, kwargs = _connect_raw(url)
-    samples: dict[str, list[float]] = {"multilock": [], "raw": [], "select1": []}
+    conninfo, kwargs = _raw_connect_args(url)
     with multilock.connect(url) as locker, psycopg.Connection.connect(conninfo, **kwargs) as conn:
 
         def ours() -> None:
@@ -77,28 +54,18 @@ def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
             lease.release()
 
         def raw() -> None:
-            conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()
+            conn.execute("SELECT pg_try_advisory_lock(%s)", (KEY,)).fetchone()
+            conn.execute("SELECT pg_advisory_unlock(%s)", (KEY,)).fetchone()
 
         def select1() -> None:
             conn.execute("SELECT 1").fetchone()
 
-        variants: dict[str, SyncCycle] = {"multilock": ours, "raw": raw, "select1": select1}
-        for cycle in variants.values():  # warm up: connect, prepare, fill caches
-            _time_sync(cycle, 50, [])
-        order = list(variants)
-        for _ in range(rounds):
-            random.shuffle(order)
-            for variant in order:
-                _time_sync(variants[variant], per_round, samples[variant])
-    return samples
+        return interleave({"multilock": ours, "raw": raw, "select1": select1}, rounds, per_round)
 
 
 async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
     """Time the async variants; returns microseconds per cycle by variant."""
-    key = advisory_key(NAME)
-    conninfo, kwargs = _connect_raw(url)
-    samples: dict[str, list[float]] = {"multilock": [], "raw": [], "select1": []}
+    conninfo, kwargs = _raw_connect_args(url)
     locker = multilock.connect_async(url)
     conn = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
     try:
@@ -109,28 +76,17 @@ async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[flo
             await lease.release()
 
         async def raw() -> None:
-            await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))).fetchone()
-            await (await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))).fetchone()
+            await (await conn.execute("SELECT pg_try_advisory_lock(%s)", (KEY,))).fetchone()
+            await (await conn.execute("SELECT pg_advisory_unlock(%s)", (KEY,))).fetchone()
 
         async def select1() -> None:
             await (await conn.execute("SELECT 1")).fetchone()
 
-        variants: dict[str, AsyncCycle] = {"multilock": ours, "raw": raw, "select1": select1}
-        for cycle in variants.values():
-            await _time_async(cycle, 50, [])
-        order = list(variants)
-        for _ in range(rounds):
-            random.shuffle(order)
-            for variant in order:
-                await _time_async(variants[variant], per_round, samples[variant])
+        variants = {"multilock": ours, "raw": raw, "select1": select1}
+        return await interleave_async(variants, rounds, per_round)
     finally:
         await conn.close()
         await locker.aclose()
-    return samples
-
-
-def _p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
 def report(api: str, samples: dict[str, list[float]]) -> float:
@@ -139,9 +95,9 @@ def report(api: str, samples: dict[str, list[float]]) -> float:
     print(f"\n{api} API ({len(samples['raw'])} cycles per variant)")
     print(f"  {'variant':<10} {'median µs':>10} {'p99 µs':>10}")
     for variant, values in samples.items():
-        print(f"  {variant:<10} {medians[variant]:>10.1f} {_p99(values):>10.1f}")
+        print(f"  {variant:<10} {medians[variant]:>10.1f} {p99(values):>10.1f}")
     ratio = medians["multilock"] / medians["raw"]
-    p99_ratio = _p99(samples["multilock"]) / _p99(samples["raw"])
+    p99_ratio = p99(samples["multilock"]) / p99(samples["raw"])
     floor = medians["raw"] / medians["select1"]
     verdict = "meets" if ratio <= TARGETS[api] else "MISSES"
     print(
@@ -151,26 +107,12 @@ def report(api: str, samples: dict[str, list[float]]) -> float:
     return ratio
 
 
-def main() -> int:
-    """Run the benchmark; the exit status is 0 unless it could not run."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    parser.add_argument("--rounds", type=int, help="rounds of interleaved variants")
-    parser.add_argument("--per-round", type=int, help="cycles per variant per round")
-    args = parser.parse_args()
-    rounds = args.rounds or (5 if args.quick else 40)
-    per_round = args.per_round or (100 if args.quick else 500)
-    url = os.environ.get("MULTILOCK_POSTGRES_URL", DEFAULT_URL)
-    print(f"postgresql:// cycle benchmark against {multilock.backend.mask_url(url)}")
-    print(f"{rounds} rounds x {per_round} cycles per variant, variants interleaved")
-    try:
-        report("sync", run_sync(url, rounds, per_round))
-        report("async", asyncio.run(run_async(url, rounds, per_round)))
-    except multilock.errors.BackendUnavailable as exc:
-        print(f"cannot run: {exc}", file=sys.stderr)
-        return 2
-    return 0
+def run(url: str, rounds: int, per_round: int) -> None:
+    """Both APIs, one after the other."""
+    report("sync", run_sync(url, rounds, per_round))
+    report("async", asyncio.run(run_async(url, rounds, per_round)))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    url = os.environ.get("MULTILOCK_POSTGRES_URL", DEFAULT_URL)
+    sys.exit(main(__doc__ or "", url, run))

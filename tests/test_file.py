@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -176,76 +178,68 @@ def test_unknown_option_is_rejected(tmp_path: Path) -> None:
 # --- other processes ------------------------------------------------------------------
 
 
-def _start_holder(directory: Path, name: str) -> subprocess.Popen[str]:
+@contextmanager
+def holder_process(directory: Path, name: str) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding ``name`` until killed; killed and reaped on exit."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, f"file://{directory}", name],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert holder.stdout is not None
-    assert holder.stdout.readline().strip() == "held"
-    return holder
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
+        for stream in (holder.stdin, holder.stdout):
+            if stream is not None:
+                stream.close()
 
 
 def test_sigkilled_holder_frees_the_lock_at_once(tmp_path: Path) -> None:
-    holder = _start_holder(tmp_path, "job")
-    try:
-        with connect(tmp_path) as locker:
-            assert locker.try_acquire("job") is None
-            [info] = locker.locks()
-            assert info.holder is not None
-            assert info.holder.startswith(f"pid {holder.pid} ")
-            holder.send_signal(signal.SIGKILL)
-            holder.wait(10)
-            killed = time.monotonic()
-            deadline = killed + 2.0
+    with holder_process(tmp_path, "job") as holder, connect(tmp_path) as locker:
+        assert locker.try_acquire("job") is None
+        [info] = locker.locks()
+        assert info.holder is not None
+        assert info.holder.startswith(f"pid {holder.pid} ")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        killed = time.monotonic()
+        deadline = killed + 2.0
+        lease = locker.try_acquire("job")
+        while lease is None and time.monotonic() < deadline:
+            time.sleep(0.001)
             lease = locker.try_acquire("job")
-            while lease is None and time.monotonic() < deadline:
-                time.sleep(0.001)
-                lease = locker.try_acquire("job")
-            freed_after = time.monotonic() - killed
-            assert lease is not None, "the lock of a SIGKILLed holder was not freed within 2s"
-            # The kernel drops the flock with the process: the first try should win.
-            assert freed_after < 0.1, f"freed only after {freed_after:.3f}s"
-            assert lease.fencing_token == 2
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(10)
-        for stream in (holder.stdin, holder.stdout):
-            if stream is not None:
-                stream.close()
+        freed_after = time.monotonic() - killed
+        assert lease is not None, "the lock of a SIGKILLed holder was not freed within 2s"
+        # The kernel drops the flock with the process: the first try should win.
+        assert freed_after < 0.1, f"freed only after {freed_after:.3f}s"
+        assert lease.fencing_token == 2
 
 
 def test_locks_introspection(tmp_path: Path) -> None:
-    holder = _start_holder(tmp_path, "theirs")
-    try:
-        with connect(tmp_path) as locker:
-            lease = locker.try_acquire("mine")
-            assert lease is not None
-            infos = {info.name: info for info in locker.locks()}
-            assert set(infos) == {"mine", "theirs"}
-            mine, theirs = infos["mine"], infos["theirs"]
-            assert mine.holder is not None
-            assert mine.holder.startswith(f"pid {os.getpid()} ")
-            assert theirs.holder is not None
-            assert theirs.holder.startswith(f"pid {holder.pid} ")
-            assert mine.details["token"] == lease.token
-            assert mine.details["fencing_token"] == lease.fencing_token == 1
-            assert mine.since is not None
-            assert mine.key == str(tmp_path / "mine.lock")
-            lease.release()
-            holder.kill()
-            holder.wait(10)
-            assert locker.locks() == []  # released, and crashed: neither is listed
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(10)
-        for stream in (holder.stdin, holder.stdout):
-            if stream is not None:
-                stream.close()
+    with holder_process(tmp_path, "theirs") as holder, connect(tmp_path) as locker:
+        lease = locker.try_acquire("mine")
+        assert lease is not None
+        infos = {info.name: info for info in locker.locks()}
+        assert set(infos) == {"mine", "theirs"}
+        mine, theirs = infos["mine"], infos["theirs"]
+        assert mine.holder is not None
+        assert mine.holder.startswith(f"pid {os.getpid()} ")
+        assert theirs.holder is not None
+        assert theirs.holder.startswith(f"pid {holder.pid} ")
+        assert mine.details["token"] == lease.token
+        assert mine.details["fencing_token"] == lease.fencing_token == 1
+        assert mine.since is not None
+        assert mine.key == str(tmp_path / "mine.lock")
+        lease.release()
+        holder.kill()
+        holder.wait(10)
+        assert locker.locks() == []  # released, and crashed: neither is listed
 
 
 def test_locks_of_a_missing_directory_is_empty(tmp_path: Path) -> None:

@@ -7,17 +7,18 @@ import contextvars
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 from zoneinfo import ZoneInfo
 
 from ._durations import Duration, parse_duration
 from ._triggers import Trigger
+from ._walltime import as_timezone
 from .errors import ConfigurationError
 
-__all__ = ["Job", "Overlap", "RunContext", "current_run"]
+__all__ = ["Job", "JobDefaults", "JobOptions", "Overlap", "RunContext", "current_run", "make_job"]
 
 Overlap = Literal["reschedule", "wait"]
 _SAMPLES = 32  # fire times looked at to find a trigger's shortest gap
@@ -55,6 +56,85 @@ class Job:
         return self.trigger.next_fire(after, self.timezone, self.name)
 
 
+class JobOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Scheduler.add_job` and :meth:`Scheduler.job`."""
+
+    name: str | None
+    timeout: Duration | None
+    overlap: Overlap
+    distributed: bool
+    misfire_grace: Duration | None
+    coalesce: bool | None
+    timezone: str | None
+    args: Iterable[Any]
+    kwargs: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class JobDefaults:
+    """What a job takes from its scheduler unless its options say otherwise."""
+
+    timezone: ZoneInfo
+    misfire_grace: float
+    coalesce: bool
+
+
+def make_job(
+    func: Callable[..., Any], trigger: Trigger, options: JobOptions, defaults: JobDefaults
+) -> Job:
+    """Validate ``options`` and build the :class:`Job`, or raise naming the problem."""
+    if not callable(func):
+        raise ConfigurationError(f"a job must be callable, not {type(func).__name__}")
+    name = options.get("name")
+    if name is None:
+        name = getattr(func, "__qualname__", None)
+        if name is None:
+            raise ConfigurationError(f"job {func!r} has no __qualname__: pass name=")
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"invalid job name {name!r}: must be a non-empty str")
+    if not callable(getattr(trigger, "next_fire", None)):
+        raise ConfigurationError(
+            f"job {name!r}: {trigger!r} is not a trigger (use every(), cron(), daily()...)"
+        )
+    overlap = options.get("overlap", "reschedule")
+    if overlap not in ("reschedule", "wait"):
+        raise ConfigurationError(
+            f"job {name!r}: invalid overlap {overlap!r} (expected 'reschedule' or 'wait')"
+        )
+    timezone, grace, coalesce, timeout = (
+        options.get(key) for key in ("timezone", "misfire_grace", "coalesce", "timeout")
+    )
+    job = Job(
+        name=name,
+        func=func,
+        trigger=trigger,
+        timezone=defaults.timezone if timezone is None else as_timezone(timezone),
+        timeout=None if timeout is None else parse_duration(timeout, what="timeout"),
+        overlap=overlap,
+        distributed=bool(options.get("distributed", True)),
+        misfire_grace=(
+            defaults.misfire_grace if grace is None else parse_duration(grace, what="misfire_grace")
+        ),
+        coalesce=defaults.coalesce if coalesce is None else bool(coalesce),
+        args=tuple(options.get("args", ())),
+        kwargs=dict(options.get("kwargs") or {}),
+    )
+    _validate_arguments(job)
+    return job
+
+
+def _validate_arguments(job: Job) -> None:
+    """Refuse ``args``/``kwargs`` that the job's function cannot take."""
+    try:
+        signature = inspect.signature(job.func)
+    except (TypeError, ValueError):
+        return  # some builtins have no signature: the first run will tell
+    try:
+        signature.bind(*job.args, **job.kwargs)
+    except TypeError as exc:
+        raise ConfigurationError(f"job {job.name!r}: arguments do not fit: {exc}") from None
+
+
 def validate_schedule(job: Job, now: datetime, skew_tolerance: float) -> None:
     """Refuse a trigger that never fires, or fires faster than ``skew_tolerance`` allows."""
     try:
@@ -79,11 +159,6 @@ def validate_schedule(job: Job, now: datetime, skew_tolerance: float) -> None:
             f"job {job.name!r}: skew_tolerance {skew_tolerance}s must be shorter than the"
             f" shortest interval between its fire times ({shortest.total_seconds()}s)"
         )
-
-
-def parse_timeout(value: Duration | None) -> float | None:
-    """A job timeout in seconds, or ``None`` for none."""
-    return None if value is None else parse_duration(value, what="timeout")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,10 @@ async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | 
     body. If this task itself is cancelled (shutdown past its stop timeout), the
     job is cancelled (or flagged) and the cancellation propagates at once.
     """
-    body = start_run(job, run)
+    try:
+        body = start_run(job, run)
+    except Exception as exc:  # calling an async job failed before it ran (its arguments)
+        return EventKind.FAILED, exc, None
     body.add_done_callback(_consume)
     guards: dict[asyncio.Future[Any], Outcome] = {}
     if lost is not None:

@@ -8,25 +8,26 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar, Unpack
 
 from ._clock import Clock, SystemClock
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log
 from ._file import default_directory
-from ._jobs import Job, Overlap, RunContext, parse_timeout, validate_schedule
+from ._jobs import Job, JobDefaults, JobOptions, RunContext, make_job, validate_schedule
 from ._keys import advisory_key
+from ._leases import Leadership, keep_alive
 from ._metrics import metrics_listener
 from ._registry import connect_async
 from ._runs import supervise, wait_quietly
 from ._signal import LostSignal
 from ._triggers import Trigger
 from ._walltime import as_timezone
-from .abc import AsyncDistributedLock, AsyncLease, Capability
+from .abc import AsyncDistributedLock, AsyncLease
 from .errors import ConfigurationError
 
 __all__ = ["Scheduler"]
@@ -112,10 +113,9 @@ class Scheduler:
             else parse_duration(misfire_grace, what="misfire_grace")
         )
         self.coalesce = coalesce
+        self._defaults = JobDefaults(self.timezone, self.misfire_grace, self.coalesce)
         self.stop_timeout = parse_duration(stop_timeout, what="stop_timeout")
         self.coordination: Coordination = coordination
-        self.leader_name = leader_name
-        self.leader_poll = parse_duration(leader_poll, what="leader_poll")
         self.lease_ttl = parse_duration(lease_ttl, what="lease_ttl")
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.clock: Clock = clock or SystemClock()
@@ -133,115 +133,57 @@ class Scheduler:
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._stop_requested: asyncio.Event | None = None
-        self._leader: AsyncLease | None = None
-        self._leader_since = 0.0
+        self._leadership = (
+            Leadership(
+                self._locker,
+                leader_name,
+                ttl=self.lease_ttl,
+                poll=parse_duration(leader_poll, what="leader_poll"),
+                clock=self.clock,
+                replica_id=self.replica_id,
+            )
+            if coordination == "leader"
+            else None
+        )
         self._thread: threading.Thread | None = None
 
     # --- registration ---------------------------------------------------------------
 
-    def job(
-        self,
-        trigger: Trigger,
-        *,
-        name: str | None = None,
-        timeout: Duration | None = None,
-        overlap: Overlap = "reschedule",
-        distributed: bool = True,
-        misfire_grace: Duration | None = None,
-        coalesce: bool | None = None,
-        timezone: str | None = None,
-        args: Iterable[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-    ) -> Callable[[FuncT], FuncT]:
-        """Decorator form of :meth:`add_job`; returns the function unchanged."""
+    def job(self, trigger: Trigger, **options: Unpack[JobOptions]) -> Callable[[FuncT], FuncT]:
+        """Decorator form of :meth:`add_job` (same options); returns the function unchanged."""
 
         def register(func: FuncT) -> FuncT:
-            self.add_job(
-                func,
-                trigger,
-                name=name,
-                timeout=timeout,
-                overlap=overlap,
-                distributed=distributed,
-                misfire_grace=misfire_grace,
-                coalesce=coalesce,
-                timezone=timezone,
-                args=args,
-                kwargs=kwargs,
-            )
+            self.add_job(func, trigger, **options)
             return func
 
         return register
 
     def add_job(
-        self,
-        func: Callable[..., Any],
-        trigger: Trigger,
-        *,
-        name: str | None = None,
-        timeout: Duration | None = None,
-        overlap: Overlap = "reschedule",
-        distributed: bool = True,
-        misfire_grace: Duration | None = None,
-        coalesce: bool | None = None,
-        timezone: str | None = None,
-        args: Iterable[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
+        self, func: Callable[..., Any], trigger: Trigger, **options: Unpack[JobOptions]
     ) -> Job:
         """Register ``func`` to run on ``trigger``; every problem is reported here.
 
-        ``name`` is the lock name (default: the function's qualified name).
-        ``timeout`` cancels the run (a sync job sees ``current_run().cancelled``).
-        ``overlap``: when the previous run in this process is still going,
-        ``"reschedule"`` skips the tick and ``"wait"`` runs it after, if still
-        within ``misfire_grace``. ``distributed=False`` runs on every replica.
-        ``args``/``kwargs`` are bound now and passed to every run.
+        Options: ``name`` is the lock name (default: the function's qualified
+        name). ``timeout`` cancels the run (a sync job sees
+        ``current_run().cancelled``). ``overlap``: when the previous run in this
+        process is still going, ``"reschedule"`` skips the tick and ``"wait"``
+        runs it after, if still within ``misfire_grace``. ``distributed=False``
+        runs on every replica. ``coalesce`` and ``timezone`` override the
+        scheduler's. ``args``/``kwargs`` are bound now and passed to every run.
         """
-        if not callable(func):
-            raise ConfigurationError(f"a job must be callable, not {type(func).__name__}")
-        if name is None:
-            name = getattr(func, "__qualname__", None)
-            if name is None:
-                raise ConfigurationError(f"job {func!r} has no __qualname__: pass name=")
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"invalid job name {name!r}: must be a non-empty str")
-        if not callable(getattr(trigger, "next_fire", None)):
-            raise ConfigurationError(
-                f"job {name!r}: {trigger!r} is not a trigger (use every(), cron(), daily()...)"
-            )
-        if overlap not in ("reschedule", "wait"):
-            raise ConfigurationError(
-                f"job {name!r}: invalid overlap {overlap!r} (expected 'reschedule' or 'wait')"
-            )
-        job = Job(
-            name=name,
-            func=func,
-            trigger=trigger,
-            timezone=self.timezone if timezone is None else as_timezone(timezone),
-            timeout=parse_timeout(timeout),
-            overlap=overlap,
-            distributed=distributed,
-            misfire_grace=(
-                self.misfire_grace
-                if misfire_grace is None
-                else parse_duration(misfire_grace, what="misfire_grace")
-            ),
-            coalesce=self.coalesce if coalesce is None else coalesce,
-            args=tuple(args),
-            kwargs=dict(kwargs or {}),
-        )
+        job = make_job(func, trigger, options, self._defaults)
         validate_schedule(job, self._now(), self.skew_tolerance)
-        key = advisory_key(name)
-        if name in self._states:
-            raise ConfigurationError(f"a job named {name!r} is already registered")
+        key = advisory_key(job.name)
+        if job.name in self._states:
+            raise ConfigurationError(f"a job named {job.name!r} is already registered")
         if key in self._keys:
             raise ConfigurationError(
-                f"job names {name!r} and {self._keys[key]!r} have the same advisory key"
+                f"job names {job.name!r} and {self._keys[key]!r} have the same advisory key"
                 f" {key}: rename one"
             )
-        self._keys[key] = name
+        self._keys[key] = job.name
         state = _JobState(job)
-        self._states[name] = state
+        self._states[job.name] = state
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._install, state)
         return job
@@ -265,7 +207,7 @@ class Scheduler:
     @property
     def is_leader(self) -> bool:
         """In leader mode, whether this replica currently leads."""
-        return self._leader is not None and self._leader.held
+        return self._leadership is not None and self._leadership.held
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -280,8 +222,9 @@ class Scheduler:
         for state in self._states.values():
             self._install(state)
         self._tasks.append(asyncio.create_task(self._serve(), name="multilock-scheduler"))
-        if self.coordination == "leader":
-            self._tasks.append(asyncio.create_task(self._lead(), name="multilock-leader"))
+        if self._leadership is not None:
+            leading = self._leadership.run()
+            self._tasks.append(asyncio.create_task(leading, name="multilock-leader"))
         log.info(
             "scheduler started: %d jobs, replica %s, lock %s, coordination %s",
             len(self._states),
@@ -312,9 +255,8 @@ class Scheduler:
             await wait_quietly(task)
         for lease in list(self._held):
             await self._release(lease)
-        if self._leader is not None:
-            await self._leader.release()
-            self._leader = None
+        if self._leadership is not None:
+            await self._leadership.release()
         if self._owns_locker:
             await self._locker.aclose()
         self._loop = None
@@ -500,18 +442,18 @@ class Scheduler:
         local = [due for due in batch if not due.job.distributed]
         shared = [due for due in batch if due.job.distributed]
         for due in local:
-            self._spawn(self._execute(due, None, None))
+            self._spawn(self._execute(due, None, None, None))
         if not shared:
             return
-        if self.coordination == "leader":
-            leader = self._leader
+        if self._leadership is not None:
+            leader = self._leadership.lease
             for due in shared:
                 if leader is None or not leader.held:
                     self._skip_held(due, "not the leader")
-                elif due.fire.timestamp() < self._leader_since + self.skew_tolerance:
+                elif due.fire.timestamp() < self._leadership.since + self.skew_tolerance:
                     self._skip_held(due, "leadership too recent to rule out a late predecessor")
                 else:
-                    self._spawn(self._execute(due, None, leader.lost))
+                    self._spawn(self._execute(due, None, leader.lost, leader.fencing_token))
             return
         now = self.clock.now()
         hold = max(due.fire.timestamp() + self.skew_tolerance - now for due in shared)
@@ -532,7 +474,7 @@ class Scheduler:
                 self._skip_held(due, "another replica holds it")
             else:
                 self._held.add(lease)
-                self._spawn(self._execute(due, lease, lease.lost))
+                self._spawn(self._execute(due, lease, lease.lost, lease.fencing_token))
 
     def _skip_held(self, due: _Due, reason: str) -> None:
         due.state.settle()
@@ -541,13 +483,26 @@ class Scheduler:
     def _spawn(self, work: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
         self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
+        task.add_done_callback(self._forget)
 
-    async def _execute(self, due: _Due, lease: AsyncLease | None, lost: LostSignal | None) -> None:
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._runs.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scheduler bug in a run", exc_info=task.exception())
+
+    async def _execute(
+        self, due: _Due, lease: AsyncLease | None, lost: LostSignal | None, token: int | None
+    ) -> None:
+        """Run one tick: supervise the body, emit its outcome, hold the lease, release it.
+
+        ``lost`` is the signal whose firing cancels the run: the job's lease, or
+        the leader lease in leader mode (whose fencing token is then ``token``).
+        """
         job, fire = due.job, due.fire
-        keepalive = self._keep_alive(lease) if lease is not None else None
+        keepalive = (
+            None if lease is None else keep_alive(self._locker, lease, self.lease_ttl, self.clock)
+        )
         try:
-            token = lease.fencing_token if lease is not None else None
             run = RunContext(job.name, fire, self.replica_id, token, threading.Event())
             started = self.clock.now()
             self._emit(EventKind.STARTED, job, fire, delay=started - fire.timestamp())
@@ -582,45 +537,6 @@ class Scheduler:
             until = min(until, following)
         if until.timestamp() > self.clock.now() and lease.held:
             await self.clock.sleep_until(until.timestamp())
-
-    def _keep_alive(self, lease: AsyncLease) -> asyncio.Task[None] | None:
-        caps: frozenset[Capability] = getattr(self._locker, "capabilities", frozenset())
-        if Capability.TTL not in caps or Capability.RENEWAL in caps:
-            return None  # session-bound, or the backend renews by itself
-        return asyncio.ensure_future(self._extend_periodically(lease))
-
-    async def _extend_periodically(self, lease: AsyncLease) -> None:
-        while lease.held:
-            await self.clock.sleep_until(self.clock.now() + self.lease_ttl / 3)
-            try:
-                await lease.extend(self.lease_ttl)
-            except Exception:
-                log.warning("extending the lease on %s failed", lease.name, exc_info=True)
-                return
-
-    async def _lead(self) -> None:
-        """Leader mode: hold one renewed leader lease; retry every ``leader_poll`` when not."""
-        while not self._stopping:
-            try:
-                lease = await self._locker.try_acquire(self.leader_name, ttl=self.lease_ttl)
-            except Exception:
-                log.warning("leader election: the lock could not be asked", exc_info=True)
-                lease = None
-            if lease is None:
-                await self.clock.sleep_until(self.clock.now() + self.leader_poll)
-                continue
-            self._leader, self._leader_since = lease, self.clock.now()
-            log.info("this replica leads", extra={"replica_id": self.replica_id})
-            keepalive = self._keep_alive(lease)
-            try:
-                reason = await lease.lost
-            finally:
-                if keepalive is not None:
-                    keepalive.cancel()
-            self._leader = None
-            log.warning("leadership lost: %s", reason, extra={"replica_id": self.replica_id})
-            # Back off one poll before trying again, so that a flapping leader yields.
-            await self.clock.sleep_until(self.clock.now() + self.leader_poll)
 
     def _emit(
         self,

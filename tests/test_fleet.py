@@ -120,7 +120,8 @@ def _run_fleet(url: str, workdir: Path, ticks: int, kill_after: int | None) -> N
 
     runs = fleet.runs()
     duplicates = {key: n for key, n in runs.items() if n > 1}
-    assert not duplicates, f"{len(duplicates)} (job, tick) ran more than once: {duplicates}"
+    sample = sorted(duplicates.items())[:10]
+    assert not duplicates, f"{len(duplicates)} (job, tick) ran more than once, e.g. {sample}"
     if killed_at is None:
         must_run = fleet.expected(first, last)
     else:

@@ -85,6 +85,19 @@ def held_names(url: str) -> list[str | None]:
     return [info.name for info in AsyncMemoryLocker(LockURL.parse(url)).locks()]
 
 
+async def nothing() -> None:
+    """A job that does nothing."""
+
+
+async def blocked(record: list[str], label: str = "cancelled") -> None:
+    """A job that waits until cancelled, then records ``label``."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        record.append(label)
+        raise
+
+
 def manual() -> ManualClock:
     """A manual clock just after T0 (tick T0 is beyond the default misfire grace)."""
     return ManualClock(T0 + 1)
@@ -175,16 +188,9 @@ def test_async_job_past_its_timeout_is_cancelled() -> None:
     url, clock, events = namespace(), manual(), Events()
     outcome: list[str] = []
 
-    async def slow() -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            outcome.append("cancelled")
-            raise
-
     async def scenario() -> None:
         sched = scheduler(url, clock, events)
-        sched.add_job(slow, every(seconds=60), name="slow", timeout="30s")
+        sched.add_job(blocked, every(seconds=60), name="slow", timeout="30s", args=(outcome,))
         async with sched:
             clock.set(T0 + 60)
             await settle()
@@ -226,23 +232,15 @@ def test_sync_job_runs_in_a_thread_and_sees_cancellation() -> None:
 
 def test_lost_lease_cancels_the_run() -> None:
     url, clock, events = namespace(), manual(), Events()
-    started = asyncio.Event()
     outcome: list[str] = []
-
-    async def guarded() -> None:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            outcome.append("cancelled")
-            raise
 
     async def scenario() -> None:
         sched = scheduler(url, clock, events)
-        sched.add_job(guarded, every(seconds=60), name="guarded")
+        sched.add_job(blocked, every(seconds=60), name="guarded", args=(outcome,))
         async with sched:
             clock.set(T0 + 60)
-            await started.wait()
+            await settle()
+            assert [e.job for e in events.of(EventKind.STARTED)] == ["guarded"]
             AsyncMemoryLocker(LockURL.parse(url)).revoke("guarded", "connection killed")
             await settle()
 
@@ -285,12 +283,9 @@ def test_overlap_within_the_process(overlap: Overlap) -> None:
 def test_misfire_grace_and_coalescing_after_a_pause(coalesce: bool) -> None:
     url, clock, events = namespace(), manual(), Events()
 
-    async def job() -> None:
-        return None
-
     async def scenario() -> None:
         sched = scheduler(url, clock, events)
-        sched.add_job(job, every(seconds=10), name="j", misfire_grace=30, coalesce=coalesce)
+        sched.add_job(nothing, every(seconds=10), name="j", misfire_grace=30, coalesce=coalesce)
         async with sched:
             clock.set(T0 + 45)  # ticks 10, 20, 30, 40 are all due at once
             await settle(200)
@@ -308,12 +303,9 @@ def test_misfire_grace_and_coalescing_after_a_pause(coalesce: bool) -> None:
 def test_default_misfire_grace_drops_a_tick_after_a_long_pause() -> None:
     url, clock, events = namespace(), manual(), Events()
 
-    async def job() -> None:
-        return None
-
     async def scenario() -> None:
         sched = scheduler(url, clock, events)
-        sched.add_job(job, every(seconds=10), name="j")
+        sched.add_job(nothing, every(seconds=10), name="j")
         async with sched:
             clock.set(T0 + 10.6)  # default grace: skew_tolerance / 2 = 0.5 s
             await settle()
@@ -328,18 +320,15 @@ def test_registration_refuses_duplicates_and_colliding_keys(
 ) -> None:
     sched = Scheduler(namespace(), clock=manual(), metrics=False)
 
-    async def job() -> None:
-        return None
-
-    sched.add_job(job, every(minutes=1), name="a")
+    sched.add_job(nothing, every(minutes=1), name="a")
     with pytest.raises(ConfigurationError, match="a job named 'a' is already registered"):
-        sched.add_job(job, every(minutes=1), name="a")
+        sched.add_job(nothing, every(minutes=1), name="a")
     # FNV-1a 64 collisions are too rare to find here: make every name collide.
     monkeypatch.setattr(multilock._scheduler, "advisory_key", lambda name: 42)
     other = Scheduler(namespace(), clock=manual(), metrics=False)
-    other.add_job(job, every(minutes=1), name="first")
+    other.add_job(nothing, every(minutes=1), name="first")
     with pytest.raises(ConfigurationError, match="'second' and 'first' have the same advisory key"):
-        other.add_job(job, every(minutes=1), name="second")
+        other.add_job(nothing, every(minutes=1), name="second")
 
 
 def test_the_lock_argument() -> None:
@@ -353,16 +342,29 @@ def test_the_lock_argument() -> None:
 # --- several replicas ------------------------------------------------------------------------
 
 
-def _replicas(
-    url: str, clock: ManualClock, offsets: Iterable[float], events: Events, **options: object
-) -> list[Scheduler]:
-    made = []
+async def _run_replicas(
+    url: str,
+    clock: ManualClock,
+    offsets: Iterable[float],
+    events: Events,
+    *,
+    until: float,
+    interval: float = 1,
+    job: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> None:
+    """Replicas with clocks ``offsets`` apart, each with job "job", walked to ``T0 + until``."""
+    options.setdefault("skew_tolerance", 0.9)
+    options.setdefault("stop_timeout", 0.1)  # cancels the last lease holds at once
+    replicas = []
     for i, offset in enumerate(offsets):
-        options.setdefault("skew_tolerance", 0.9)
-        options.setdefault("stop_timeout", 0.1)  # cancels the last lease holds at once
         sched = scheduler(url, clock.shifted(offset), events, replica_id=f"r{i}", **options)
-        made.append(sched)
-    return made
+        sched.add_job(nothing, every(seconds=interval), name="job", **(job or {}))
+        replicas.append(sched)
+        await sched.start()
+    await _walk(clock, T0 + until)
+    for sched in replicas:
+        await sched.stop()
 
 
 async def _walk(clock: ManualClock, until_t: float, step: float = 0.05) -> None:
@@ -383,19 +385,7 @@ def test_skewed_replicas_run_each_tick_exactly_once() -> None:
     """Clocks -300 ms, 0, +300 ms apart, 1 s ticks: every tick once, the late ones skip."""
     url, clock, events = namespace(), manual(), Events()
 
-    async def job() -> None:
-        return None
-
-    async def scenario() -> None:
-        replicas = _replicas(url, clock, (-0.3, 0.0, 0.3), events)
-        for sched in replicas:
-            sched.add_job(job, every(seconds=1), name="job")
-            await sched.start()
-        await _walk(clock, T0 + 12.5)
-        for sched in replicas:
-            await sched.stop()
-
-    asyncio.run(scenario())
+    asyncio.run(_run_replicas(url, clock, (-0.3, 0.0, 0.3), events, until=12.5))
     assert _counts(events) == {float(t): 1 for t in range(1, 13)}
     assert len(events.of(EventKind.SKIPPED_HELD)) == 2 * 12
 
@@ -404,39 +394,19 @@ def test_a_replica_later_than_the_tolerance_runs_the_tick_again() -> None:
     """The documented limit: skew beyond skew_tolerance is not covered."""
     url, clock, events = namespace(), manual(), Events()
 
-    async def job() -> None:
-        return None
-
-    async def scenario() -> None:
-        replicas = _replicas(url, clock, (0.0, -0.5), events, skew_tolerance=0.4, misfire_grace=0.2)
-        for sched in replicas:
-            sched.add_job(job, every(seconds=2), name="job")
-            await sched.start()
-        await _walk(clock, T0 + 3)
-        for sched in replicas:
-            await sched.stop()
-
-    asyncio.run(scenario())
+    late = _run_replicas(
+        url, clock, (0.0, -0.5), events, until=3, interval=2, skew_tolerance=0.4, misfire_grace=0.2
+    )
+    asyncio.run(late)
     assert _counts(events) == {2.0: 2}
 
 
 def test_local_jobs_run_on_every_replica() -> None:
     url, clock, events = namespace(), manual(), Events()
 
-    async def job() -> None:
-        return None
-
-    async def scenario() -> None:
-        replicas = _replicas(url, clock, (0.0, 0.0), events)
-        for sched in replicas:
-            sched.add_job(job, every(seconds=1), name="local", distributed=False)
-            await sched.start()
-        await _walk(clock, T0 + 3.5)
-        for sched in replicas:
-            await sched.stop()
-        assert held_names(url) == []
-
-    asyncio.run(scenario())
+    everywhere = {"distributed": False}
+    asyncio.run(_run_replicas(url, clock, (0.0, 0.0), events, until=3.5, job=everywhere))
+    assert held_names(url) == []
     assert _counts(events) == {1.0: 2, 2.0: 2, 3.0: 2}
 
 
@@ -467,13 +437,10 @@ def test_jobs_due_together_are_locked_in_one_batch() -> None:
     url, clock = namespace(), manual()
     locker = CountingLocker(url)
 
-    async def job() -> None:
-        return None
-
     async def scenario() -> None:
         sched = Scheduler(locker, clock=clock, metrics=False, stop_timeout=2)  # type: ignore[arg-type]
         for i in range(5):
-            sched.add_job(job, every(seconds=10), name=f"job-{i}")
+            sched.add_job(nothing, every(seconds=10), name=f"job-{i}")
         async with sched:
             clock.set(T0 + 10)
             await settle()
@@ -495,15 +462,14 @@ def test_leader_mode_runs_on_the_leader_and_fails_over() -> None:
 
     async def job() -> None:
         ran_on.append(current_run().replica_id)
-        if len(ran_on) == 1:
-            try:
-                await asyncio.Event().wait()  # the first run is still going when leadership goes
-            except asyncio.CancelledError:
-                cancelled.append(current_run().replica_id)
-                raise
+        if len(ran_on) == 1:  # the first run is still going when leadership goes
+            await blocked(cancelled, current_run().replica_id)
 
     async def scenario() -> None:
-        a, b = _replicas(url, clock, (0.0, 0.0), events, coordination="leader")
+        a, b = (
+            scheduler(url, clock, events, replica_id=r, coordination="leader", stop_timeout=0.1)
+            for r in ("r0", "r1")
+        )
         for sched in (a, b):
             sched.add_job(job, every(seconds=10), name="job")
         await a.start()
@@ -540,17 +506,10 @@ def test_shutdown_waits_for_running_jobs_then_cancels_and_releases() -> None:
         await asyncio.sleep(0.05)
         finished.append("quick")
 
-    async def stuck() -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            finished.append("stuck cancelled")
-            raise
-
     async def scenario() -> None:
         sched = scheduler(url, clock, events, stop_timeout=0.3)
         sched.add_job(quick, every(seconds=10), name="quick")
-        sched.add_job(stuck, every(seconds=10), name="stuck")
+        sched.add_job(blocked, every(seconds=10), name="stuck", args=(finished, "stuck cancelled"))
         await sched.start()
         clock.set(T0 + 10)
         await settle()
@@ -610,20 +569,8 @@ def test_run_stops_gracefully_on_sigterm(tmp_path: Any) -> None:
 def test_skipped_held_is_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
     url, clock, events = namespace(), manual(), Events()
 
-    async def job() -> None:
-        return None
-
-    async def scenario() -> None:
-        replicas = _replicas(url, clock, (0.0, -0.1), events)
-        for sched in replicas:
-            sched.add_job(job, every(seconds=1), name="job")
-            await sched.start()
-        await _walk(clock, T0 + 2.5)
-        for sched in replicas:
-            await sched.stop()
-
     with caplog.at_level(logging.DEBUG, logger="multilock.scheduler"):
-        asyncio.run(scenario())
+        asyncio.run(_run_replicas(url, clock, (0.0, -0.1), events, until=2.5))
     skipped = [r for r in caplog.records if getattr(r, "outcome", None) == "skipped_held"]
     assert skipped
     assert {r.levelno for r in skipped} == {logging.DEBUG}

@@ -209,6 +209,8 @@ async def _noop() -> None:
         (every(minutes=1), {"misfire_grace": -1}, "invalid misfire_grace"),
         (every(minutes=1), {"overlap": "queue"}, "invalid overlap 'queue'"),
         (every(minutes=1), {"name": ""}, "invalid job name ''"),
+        (every(minutes=1), {"args": (1,)}, "arguments do not fit: too many positional"),
+        (every(minutes=1), {"kwargs": {"x": 1}}, "unexpected keyword argument 'x'"),
     ],
 )
 def test_add_job_refuses_with_a_named_problem(

@@ -1,0 +1,93 @@
+"""Keeping leases: renewal where the backend does not renew, and leader election."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ._clock import Clock
+from .abc import AsyncDistributedLock, AsyncLease, Capability
+
+__all__ = ["Leadership", "keep_alive"]
+
+log = logging.getLogger("multilock.scheduler")
+
+
+def keep_alive(
+    locker: AsyncDistributedLock, lease: AsyncLease, ttl: float, clock: Clock
+) -> asyncio.Task[None] | None:
+    """Extend ``lease`` every ``ttl / 3`` while held, if the backend has TTL leases it
+    does not renew itself; ``None`` (nothing to do) otherwise. Cancel the task to stop."""
+    caps: frozenset[Capability] = getattr(locker, "capabilities", frozenset())
+    if Capability.TTL not in caps or Capability.RENEWAL in caps:
+        return None  # session-bound, or the backend renews by itself
+    return asyncio.ensure_future(_extend_periodically(lease, ttl, clock))
+
+
+async def _extend_periodically(lease: AsyncLease, ttl: float, clock: Clock) -> None:
+    while lease.held:
+        await clock.sleep_until(clock.now() + ttl / 3)
+        try:
+            await lease.extend(ttl)
+        except Exception:  # the lease is gone: its lost signal tells the holder
+            log.warning("extending the lease on %s failed", lease.name, exc_info=True)
+            return
+
+
+class Leadership:
+    """Leader mode: one renewed lease on ``name``; who holds it runs the distributed jobs."""
+
+    def __init__(
+        self,
+        locker: AsyncDistributedLock,
+        name: str,
+        *,
+        ttl: float,
+        poll: float,
+        clock: Clock,
+        replica_id: str,
+    ) -> None:
+        self.locker = locker
+        self.name = name
+        self.ttl = ttl
+        self.poll = poll
+        self.clock = clock
+        self.replica_id = replica_id
+        self.lease: AsyncLease | None = None
+        self.since = 0.0
+        """When (by the clock) this replica last became leader."""
+
+    @property
+    def held(self) -> bool:
+        """Whether this replica leads now."""
+        return self.lease is not None and self.lease.held
+
+    async def run(self) -> None:
+        """Compete for the lead until cancelled: try every ``poll``, hold while it lasts."""
+        while True:
+            try:
+                lease = await self.locker.try_acquire(self.name, ttl=self.ttl)
+            except Exception:
+                log.warning("leader election: the lock could not be asked", exc_info=True)
+                lease = None
+            if lease is None:
+                await self.clock.sleep_until(self.clock.now() + self.poll)
+                continue
+            self.lease, self.since = lease, self.clock.now()
+            log.info("this replica leads", extra={"replica_id": self.replica_id})
+            renewal = keep_alive(self.locker, lease, self.ttl, self.clock)
+            try:
+                reason = await lease.lost
+            finally:
+                if renewal is not None:
+                    renewal.cancel()
+            self.lease = None
+            log.warning("leadership lost: %s", reason, extra={"replica_id": self.replica_id})
+            # Back off one poll before competing again, so that a flapping leader yields.
+            await self.clock.sleep_until(self.clock.now() + self.poll)
+
+    async def release(self) -> None:
+        """Step down (at shutdown)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            await lease.release()

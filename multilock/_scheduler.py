@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import signal
 import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Any, Literal, Self, TypeVar, Unpack
+from typing import Any, Literal, TypeVar, Unpack
 
 from ._clock import Clock, SystemClock
 from ._durations import Duration, parse_duration
@@ -24,6 +22,7 @@ from ._leases import Leadership, keep_alive
 from ._metrics import metrics_listener
 from ._registry import connect_async
 from ._runs import supervise, wait_quietly
+from ._service import Service
 from ._signal import LostSignal
 from ._triggers import Trigger
 from ._walltime import as_timezone
@@ -62,12 +61,22 @@ class _Due:
     state: _JobState = field(repr=False)
 
 
-class Scheduler:
+class Scheduler(Service):
     """Runs jobs on triggers; a distributed job runs once per tick across all replicas.
 
     ``lock`` is a lock URL, an async locker (``multilock.connect_async(...)``),
     or ``None`` for ``file://`` in a per-user directory (replicas on one host).
-    See ``docs/scheduler.md`` for the exactly-once guarantee and its limits.
+    ``timezone`` (default UTC, never the host's) reads calendar triggers.
+    ``skew_tolerance``: how long after a tick its lease is kept, so that a
+    replica firing late skips it; must be shorter than every distributed job's
+    interval. ``misfire_grace`` (default ``skew_tolerance / 2``): how late a
+    tick may still run. ``coordination="leader"`` runs distributed jobs on one
+    elected replica instead of taking a lock per job. ``lease_ttl``: the ttl
+    margin of leases on TTL backends. ``stop_timeout``: how long shutdown waits
+    for running jobs. ``clock`` drives every time decision (tests inject one).
+    ``metrics`` records Prometheus metrics into ``registry`` when
+    prometheus-client is installed. See ``docs/scheduler.md`` for the
+    exactly-once guarantee and its limits.
     """
 
     def __init__(
@@ -132,7 +141,6 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
         self._stopping = False
-        self._stop_requested: asyncio.Event | None = None
         self._leadership = (
             Leadership(
                 self._locker,
@@ -145,7 +153,6 @@ class Scheduler:
             if coordination == "leader"
             else None
         )
-        self._thread: threading.Thread | None = None
 
     # --- registration ---------------------------------------------------------------
 
@@ -217,7 +224,6 @@ class Scheduler:
             raise RuntimeError("this Scheduler is already running")
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._stop_requested = asyncio.Event()
         self._stopping = False
         for state in self._states.values():
             self._install(state)
@@ -261,91 +267,6 @@ class Scheduler:
             await self._locker.aclose()
         self._loop = None
         log.info("scheduler stopped", extra={"replica_id": self.replica_id})
-
-    def request_stop(self) -> None:
-        """Ask :meth:`run` / :meth:`serve` to stop (safe from any thread and signal handlers)."""
-        loop, event = self._loop, self._stop_requested
-        if loop is not None and event is not None:
-            loop.call_soon_threadsafe(event.set)
-
-    async def serve(self) -> None:
-        """Start, run until :meth:`request_stop`, then stop."""
-        await self.start()
-        try:
-            assert self._stop_requested is not None
-            await self._stop_requested.wait()
-        finally:
-            await self.stop()
-
-    def run(self) -> None:
-        """Run in the calling thread until SIGTERM or SIGINT, then shut down gracefully."""
-        asyncio.run(self._serve_with_signals())
-
-    async def _serve_with_signals(self) -> None:
-        loop = asyncio.get_running_loop()
-        installed = []
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(signum, self.request_stop)
-                installed.append(signum)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass  # not the main thread, or no signals here: request_stop() still works
-        try:
-            await self.serve()
-        finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
-
-    def start_in_background(self) -> None:
-        """Run on an event loop in a daemon thread (for sync applications)."""
-        if self._thread is not None:
-            raise RuntimeError("this Scheduler is already running in the background")
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        async def main() -> None:
-            try:
-                await self.start()
-            except BaseException as exc:
-                failure.append(exc)
-                raise
-            finally:
-                started.set()
-            assert self._stop_requested is not None
-            try:
-                await self._stop_requested.wait()
-            finally:
-                await self.stop()
-
-        self._thread = threading.Thread(
-            target=asyncio.run, args=(main(),), name="multilock-scheduler", daemon=True
-        )
-        self._thread.start()
-        started.wait()
-        if failure:
-            self._thread.join()
-            self._thread = None
-            raise failure[0]
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Stop the background scheduler and wait for it (see :meth:`stop`)."""
-        thread = self._thread
-        if thread is None:
-            return
-        self.request_stop()
-        thread.join(self.stop_timeout + 5 if timeout is None else timeout)
-        if thread.is_alive():
-            raise TimeoutError("the background scheduler did not stop in time")
-        self._thread = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     def __repr__(self) -> str:
         return (

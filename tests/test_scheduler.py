@@ -23,7 +23,7 @@ from multilock._jobs import Overlap
 from multilock._memory import AsyncMemoryLocker
 from multilock.abc import AsyncLease
 from multilock.backend import LockURL
-from multilock.errors import ConfigurationError
+from multilock.errors import BackendUnavailable, ConfigurationError
 
 T0 = 1_800_000_000.0  # a whole multiple of every interval used here
 
@@ -411,11 +411,13 @@ def test_local_jobs_run_on_every_replica() -> None:
 
 
 class CountingLocker:
-    """memory:// with a count of the try_acquire_many calls (a real backend, observed)."""
+    """memory:// with a count of the try_acquire_many calls (a real backend, observed),
+    which can be made to answer like an unreachable server."""
 
     def __init__(self, url: str) -> None:
         self.inner = AsyncMemoryLocker(LockURL.parse(url))
         self.batches: list[list[str]] = []
+        self.unavailable = False
         self.capabilities = self.inner.capabilities
         self.url = self.inner.url
 
@@ -427,6 +429,8 @@ class CountingLocker:
     ) -> Mapping[str, AsyncLease | None]:
         names = list(names)
         self.batches.append(names)
+        if self.unavailable:
+            raise BackendUnavailable("connection refused")
         return await self.inner.try_acquire_many(names, ttl=ttl)
 
     async def aclose(self) -> None:
@@ -450,6 +454,71 @@ def test_jobs_due_together_are_locked_in_one_batch() -> None:
 
     asyncio.run(scenario())
     assert locker.batches == [[f"job-{i}" for i in range(5)]]
+
+
+def test_an_unreachable_backend_fails_the_tick_not_the_scheduler() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    locker = CountingLocker(url)
+
+    async def scenario() -> None:
+        sched = Scheduler(locker, clock=clock, metrics=False, stop_timeout=2)  # type: ignore[arg-type]
+        sched.add_listener(events)
+        sched.add_job(nothing, every(seconds=10), name="job")
+        async with sched:
+            locker.unavailable = True
+            clock.set(T0 + 10)
+            await settle()
+            locker.unavailable = False
+            clock.set(T0 + 20)
+            await settle()
+            clock.set(T0 + 21)
+            await settle()
+
+    asyncio.run(scenario())
+    (failed,) = events.of(EventKind.FAILED)
+    assert failed.fire_time == at(10)
+    assert isinstance(failed.error, BackendUnavailable)
+    assert events.fires(EventKind.SUCCEEDED) == [20]
+
+
+def test_calendar_jobs_follow_the_dst_policy_in_the_scheduler() -> None:
+    """Europe/Kyiv, 29 March 2026: a 03:30 job runs once, at 04:00 EEST (01:00 UTC)."""
+    url, events = namespace(), Events()
+    clock = ManualClock(datetime(2026, 3, 28, 22, tzinfo=UTC).timestamp())
+    ran: list[datetime] = []
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events, timezone="Europe/Kyiv")
+
+        @sched.job(multilock.cron("30 3 * * *"), name="nightly")
+        async def nightly() -> None:
+            ran.append(current_run().fire_time)
+
+        async with sched:
+            for hour in range(1, 6):
+                clock.set(datetime(2026, 3, 29, hour, tzinfo=UTC).timestamp())
+                await settle()
+
+    asyncio.run(scenario())
+    assert ran == [datetime(2026, 3, 29, 1, tzinfo=UTC)]
+
+
+def test_metrics_are_off_without_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import now fails
+    url, clock, events = namespace(), manual(), Events()
+
+    async def scenario() -> None:
+        sched = Scheduler(url, clock=clock, stop_timeout=2)  # metrics on by default
+        sched.add_listener(events)
+        sched.add_job(nothing, every(seconds=10), name="job")
+        async with sched:
+            clock.set(T0 + 10)
+            await settle()
+            clock.set(T0 + 11)
+            await settle()
+
+    asyncio.run(scenario())
+    assert events.fires(EventKind.SUCCEEDED) == [10]
 
 
 # --- leader mode -----------------------------------------------------------------------------

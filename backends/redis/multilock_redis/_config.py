@@ -80,6 +80,8 @@ def parse_config(url: LockURL) -> RedisConfig:
     scheme = _SCHEMES.get(url.scheme)
     if scheme is None:
         raise InvalidURL(f"{url.masked!r} is not a redis://, rediss:// or unix:// URL")
+    if scheme != "unix" and url.path.strip("/") and not url.path.strip("/").isdigit():
+        raise InvalidURL(f"invalid Redis URL {url.masked!r}: the path is the db number, like /0")
     rest = url.raw.split("://", 1)[1].split("#", 1)[0].split("?", 1)[0]
     client_url = f"{scheme}://{rest}"
     if passthrough:

@@ -31,7 +31,6 @@ from ._scripts import EXTEND, HELD_ELSEWHERE
 __all__ = ["Renewer", "ttl_ms"]
 
 _log = logging.getLogger("multilock.redis")
-_IDLE = 60.0  # how long an idle thread sleeps before it looks again
 _RETRY_CAP = 1.0  # the longest pause between two attempts while Redis is unreachable
 _MIN_TIMEOUT = 0.005
 
@@ -71,6 +70,9 @@ class Renewer:
     def __init__(self, config: RedisConfig, on_lost: Callable[[RenewedLease, str], None]) -> None:
         self._config = config
         self._on_lost = on_lost
+        # An idle thread wakes up as often as a lease of the default ttl would need
+        # it: then acquiring such a lease never has to wake the thread early.
+        self._idle = config.ttl / 3
         self._cond = threading.Condition(threading.Lock())
         self._leases: dict[RenewedLease, _Schedule] = {}
         self._wake_at = math.inf
@@ -135,7 +137,7 @@ class Renewer:
         """
         while not self._stopping:
             now = time.monotonic()
-            wake = min((s.due for s in self._leases.values()), default=now + _IDLE)
+            wake = min((s.due for s in self._leases.values()), default=now + self._idle)
             if wake <= now:
                 self._wake_at = -math.inf  # adds during the round need no wake-up
                 batch = []

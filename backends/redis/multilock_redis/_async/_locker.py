@@ -15,7 +15,7 @@ from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
 from .._common import RedisLockerCommon
 from .._config import async_client
 from .._errors import REDIS_ERRORS, translate
-from .._scripts import ACQUIRE, EXTEND, RELEASE
+from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
 
 __all__ = ["AsyncRedisLease", "AsyncRedisLocker"]
 
@@ -52,12 +52,21 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
         self._client = async_client(self._config)
-        self._acquire_script: AsyncScript = self._client.register_script(ACQUIRE)
-        self._release_script: AsyncScript = self._client.register_script(RELEASE)
-        self._extend_script: AsyncScript = self._client.register_script(EXTEND)
+        script = self._client.register_script
+        self._acquire_one: AsyncScript = script(ACQUIRE)
+        self._acquire_many: AsyncScript = script(ACQUIRE_MANY)
+        self._release_one: AsyncScript = script(RELEASE)
+        self._release_many: AsyncScript = script(RELEASE_MANY)
+        self._extend_many: AsyncScript = script(EXTEND)
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
-        return (await self._try_acquire_many([name], ttl))[name]
+        keys, args, tokens = self._acquire_request([name], ttl)
+        start = time.monotonic()
+        try:
+            fence = await self._acquire_one(keys, args)
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "acquiring") from None
+        return self._granted([name], keys, tokens, [fence], ttl, start)[name]
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float
@@ -67,9 +76,20 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = await self._acquire_script(keys, args)
+            fences = await self._acquire_many(keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
+        return self._granted(names, keys, tokens, fences, ttl, start)
+
+    def _granted(
+        self,
+        names: list[str],
+        keys: list[str],
+        tokens: list[str],
+        fences: list[int],
+        ttl: float,
+        start: float,
+    ) -> dict[str, AsyncLeaseBase | None]:
         result: dict[str, AsyncLeaseBase | None] = {}
         leases = []
         for i, name in enumerate(names):
@@ -85,7 +105,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     async def _release_lease(self, lease: AsyncRedisLease) -> bool:
         self._untrack(lease)
         try:
-            freed = await self._release_script([lease.key], [lease.token])
+            freed = await self._release_one([lease.key], [lease.token])
         except REDIS_ERRORS as exc:
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
@@ -95,7 +115,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     async def _extend_lease(self, lease: AsyncRedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:
-            answers = await self._extend_script([lease.key], [lease.token, self._ttl_ms(ttl)])
+            answers = await self._extend_many([lease.key], [lease.token, self._ttl_ms(ttl)])
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
@@ -104,7 +124,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         keys, tokens = self._drop_all()
         try:
             if keys:
-                await self._release_script(keys, tokens)
+                await self._release_many(keys, tokens)
         except REDIS_ERRORS as exc:
             self._close_failed(exc, len(keys))
         finally:

@@ -18,7 +18,7 @@ from multilock.backend import LeaseBase, LockerBase, LockURL
 from .._common import RedisLockerCommon
 from .._config import sync_client
 from .._errors import REDIS_ERRORS, translate
-from .._scripts import ACQUIRE, EXTEND, RELEASE
+from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
 
 __all__ = ["RedisLease", "RedisLocker"]
 
@@ -55,12 +55,21 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
         self._client = sync_client(self._config)
-        self._acquire_script: Script = self._client.register_script(ACQUIRE)
-        self._release_script: Script = self._client.register_script(RELEASE)
-        self._extend_script: Script = self._client.register_script(EXTEND)
+        script = self._client.register_script
+        self._acquire_one: Script = script(ACQUIRE)
+        self._acquire_many: Script = script(ACQUIRE_MANY)
+        self._release_one: Script = script(RELEASE)
+        self._release_many: Script = script(RELEASE_MANY)
+        self._extend_many: Script = script(EXTEND)
 
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
-        return (self._try_acquire_many([name], ttl))[name]
+        keys, args, tokens = self._acquire_request([name], ttl)
+        start = time.monotonic()
+        try:
+            fence = self._acquire_one(keys, args)
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "acquiring") from None
+        return self._granted([name], keys, tokens, [fence], ttl, start)[name]
 
     def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
         if not names:
@@ -68,9 +77,20 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = self._acquire_script(keys, args)
+            fences = self._acquire_many(keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
+        return self._granted(names, keys, tokens, fences, ttl, start)
+
+    def _granted(
+        self,
+        names: list[str],
+        keys: list[str],
+        tokens: list[str],
+        fences: list[int],
+        ttl: float,
+        start: float,
+    ) -> dict[str, LeaseBase | None]:
         result: dict[str, LeaseBase | None] = {}
         leases = []
         for i, name in enumerate(names):
@@ -86,7 +106,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def _release_lease(self, lease: RedisLease) -> bool:
         self._untrack(lease)
         try:
-            freed = self._release_script([lease.key], [lease.token])
+            freed = self._release_one([lease.key], [lease.token])
         except REDIS_ERRORS as exc:
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
@@ -96,7 +116,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def _extend_lease(self, lease: RedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:
-            answers = self._extend_script([lease.key], [lease.token, self._ttl_ms(ttl)])
+            answers = self._extend_many([lease.key], [lease.token, self._ttl_ms(ttl)])
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
@@ -105,7 +125,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         keys, tokens = self._drop_all()
         try:
             if keys:
-                self._release_script(keys, tokens)
+                self._release_many(keys, tokens)
         except REDIS_ERRORS as exc:
             self._close_failed(exc, len(keys))
         finally:

@@ -1,0 +1,266 @@
+"""An uncontended try_acquire + release cycle of ``redis://``, against raw redis-py and peers.
+
+    python benchmarks/redis_cycle.py           # the full run (about a minute)
+    python benchmarks/redis_cycle.py --quick   # a smoke run of a few seconds (CI)
+
+Variants, each timed per cycle (acquire, then release) on its own client:
+
+* ``multilock``: ``lease = locker.try_acquire(name)`` then ``lease.release()``
+  (with its fencing counter bumped in the acquire, and renewal armed);
+* ``raw``: redis-py by hand, ``SET key token NX PX ttl`` then a Lua
+  compare-and-delete by ``EVALSHA`` -- the floor for a safe lock;
+* ``ping``: one ``PING`` round trip, the floor of any command;
+* peers: redis-py's own ``Lock``, python-redis-lock (``redis_lock.Lock``) and
+  pottery's ``Redlock`` (one master); async: redis-py's asyncio ``Lock`` and
+  pottery's ``AIORedlock``. Peers that are not installed are left out
+  (``pip install 'multilock-redis[bench]'``).
+
+Rounds interleave the variants in a shuffled order, so that drift in the
+machine's load lands on all of them alike. Reported: median and p99 per cycle,
+each variant's median relative to raw, and whether multilock meets its targets
+(sync at most 1.10x raw, async 1.30x; faster than every peer). The server comes
+from ``MULTILOCK_REDIS_URL`` (default: the local test db 15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import redis
+import redis.asyncio
+
+import multilock
+from multilock.backend import LockURL, mask_url
+from multilock_redis._config import parse_config
+
+DEFAULT_URL = "redis://127.0.0.1:6379/15"
+TARGETS = {"sync": 1.10, "async": 1.30}
+NAME = f"multilock-benchmark-cycle-{uuid.uuid4().hex[:8]}"
+TTL_MS = 30_000
+RELEASE = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+OURS, RAW, FLOOR = "multilock", "raw", "ping"
+
+SyncCycle = Callable[[], object]
+AsyncCycle = Callable[[], Awaitable[object]]
+
+
+def _client_url(url: str) -> str:
+    return parse_config(LockURL.parse(url)).client_url
+
+
+def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
+    peers: dict[str, SyncCycle] = {}
+
+    def redis_py_lock() -> None:
+        lock = client.lock(NAME + "-redis-py", timeout=TTL_MS / 1000)
+        assert lock.acquire(blocking=False)
+        lock.release()
+
+    peers["redis-py Lock"] = redis_py_lock
+    try:
+        import redis_lock  # type: ignore[import-untyped]
+    except ImportError:
+        pass
+    else:
+
+        def python_redis_lock() -> None:
+            lock = redis_lock.Lock(client, NAME + "-prl", expire=TTL_MS // 1000)
+            assert lock.acquire(blocking=False)
+            lock.release()
+
+        peers["python-redis-lock"] = python_redis_lock
+    try:
+        from pottery import Redlock
+    except ImportError:
+        pass
+    else:
+
+        def pottery_redlock() -> None:
+            lock = Redlock(key=NAME + "-pottery", masters={client}, auto_release_time=TTL_MS / 1000)
+            assert lock.acquire(blocking=False)
+            lock.release()
+
+        peers["pottery Redlock"] = pottery_redlock
+    return peers
+
+
+def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
+    """Time the sync variants; returns microseconds per cycle by variant."""
+    client_url = _client_url(url)
+    with multilock.connect(url) as locker:
+        raw_client = redis.Redis.from_url(client_url)
+        peer_client = redis.Redis.from_url(client_url)
+        release = raw_client.register_script(RELEASE)
+        key = NAME + "-raw"
+
+        def ours() -> None:
+            lease = locker.try_acquire(NAME)
+            assert lease is not None, "the benchmark lock is held elsewhere"
+            lease.release()
+
+        def raw() -> None:
+            token = uuid.uuid4().hex
+            assert raw_client.set(key, token, nx=True, px=TTL_MS)
+            release([key], [token])
+
+        variants: dict[str, SyncCycle] = {
+            OURS: ours,
+            RAW: raw,
+            FLOOR: raw_client.ping,
+            **_sync_peers(peer_client),
+        }
+        try:
+            return _interleave_sync(variants, rounds, per_round)
+        finally:
+            raw_client.close()
+            peer_client.close()
+
+
+def _interleave_sync(
+    variants: dict[str, SyncCycle], rounds: int, per_round: int
+) -> dict[str, list[float]]:
+    clock = time.perf_counter_ns
+    samples: dict[str, list[float]] = {variant: [] for variant in variants}
+    order = list(variants)
+    for round_ in range(rounds + 1):  # round 0 warms up: connects, loads scripts
+        random.shuffle(order)
+        for variant in order:
+            cycle, out = variants[variant], samples[variant]
+            for _ in range(per_round):
+                start = clock()
+                cycle()
+                if round_:
+                    out.append((clock() - start) / 1000.0)
+    return samples
+
+
+async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
+    """Time the async variants; returns microseconds per cycle by variant."""
+    client_url = _client_url(url)
+    async with multilock.connect_async(url) as locker:
+        raw_client = redis.asyncio.Redis.from_url(client_url)
+        release = raw_client.register_script(RELEASE)
+        key = NAME + "-raw"
+
+        async def ours() -> None:
+            lease = await locker.try_acquire(NAME)
+            assert lease is not None, "the benchmark lock is held elsewhere"
+            await lease.release()
+
+        async def raw() -> None:
+            token = uuid.uuid4().hex
+            assert await raw_client.set(key, token, nx=True, px=TTL_MS)
+            await release([key], [token])
+
+        async def ping() -> None:
+            await raw_client.ping()
+
+        async def redis_py_lock() -> None:
+            lock = raw_client.lock(NAME + "-redis-py", timeout=TTL_MS / 1000)
+            assert await lock.acquire(blocking=False)
+            await lock.release()
+
+        variants: dict[str, AsyncCycle] = {
+            OURS: ours,
+            RAW: raw,
+            FLOOR: ping,
+            "redis-py Lock": redis_py_lock,
+        }
+        try:
+            from pottery import AIORedlock
+        except ImportError:
+            pass
+        else:
+
+            async def pottery_redlock() -> None:
+                lock = AIORedlock(
+                    key=NAME + "-pottery", masters={raw_client}, auto_release_time=TTL_MS / 1000
+                )
+                assert await lock.acquire(blocking=False)
+                await lock.release()
+
+            variants["pottery AIORedlock"] = pottery_redlock
+        try:
+            return await _interleave_async(variants, rounds, per_round)
+        finally:
+            await raw_client.aclose()
+
+
+async def _interleave_async(
+    variants: dict[str, AsyncCycle], rounds: int, per_round: int
+) -> dict[str, list[float]]:
+    clock = time.perf_counter_ns
+    samples: dict[str, list[float]] = {variant: [] for variant in variants}
+    order = list(variants)
+    for round_ in range(rounds + 1):
+        random.shuffle(order)
+        for variant in order:
+            cycle, out = variants[variant], samples[variant]
+            for _ in range(per_round):
+                start = clock()
+                await cycle()
+                if round_:
+                    out.append((clock() - start) / 1000.0)
+    return samples
+
+
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
+
+
+def report(api: str, samples: dict[str, list[float]]) -> bool:
+    """Print one API's table; return whether multilock met its targets."""
+    medians = {variant: statistics.median(values) for variant, values in samples.items()}
+    print(f"\n{api} API ({len(samples[RAW])} cycles per variant)")
+    print(f"  {'variant':<20} {'median µs':>10} {'p99 µs':>10} {'vs raw':>8}")
+    for variant in sorted(samples, key=medians.__getitem__):
+        values = samples[variant]
+        ratio = medians[variant] / medians[RAW]
+        print(f"  {variant:<20} {medians[variant]:>10.1f} {_p99(values):>10.1f} {ratio:>7.2f}x")
+    ratio = medians[OURS] / medians[RAW]
+    p99_ratio = _p99(samples[OURS]) / _p99(samples[RAW])
+    peers = [v for v in samples if v not in (OURS, RAW, FLOOR)]
+    slower_than = [peer for peer in peers if medians[peer] <= medians[OURS]]
+    met = ratio <= TARGETS[api] and not slower_than
+    print(
+        f"  multilock/raw: median {ratio:.3f}x, p99 {p99_ratio:.3f}x (target {TARGETS[api]:.2f}x);"
+        f" raw cycle = {medians[RAW] / medians[FLOOR]:.2f} PINGs;"
+        + (f" slower than {', '.join(slower_than)}" if slower_than else " faster than every peer")
+        + (" -- meets the targets" if met else " -- MISSES a target")
+    )
+    return met
+
+
+def main() -> int:
+    """Run the benchmark; the exit status is 0 unless it could not run."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--rounds", type=int, help="rounds of interleaved variants")
+    parser.add_argument("--per-round", type=int, help="cycles per variant per round")
+    args = parser.parse_args()
+    rounds = args.rounds or (3 if args.quick else 20)
+    per_round = args.per_round or (100 if args.quick else 500)
+    url = os.environ.get("MULTILOCK_REDIS_URL", DEFAULT_URL)
+    print(f"redis:// cycle benchmark against {mask_url(url)}")
+    print(f"{rounds} rounds x {per_round} cycles per variant, variants interleaved")
+    try:
+        report("sync", run_sync(url, rounds, per_round))
+        report("async", asyncio.run(run_async(url, rounds, per_round)))
+    except (multilock.errors.BackendUnavailable, redis.ConnectionError) as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,8 +7,10 @@
 #
 # `start` does nothing when something already answers on the port (a developer's own
 # server, or CI's service), and then records nothing, so `stop` stops nothing: it only
-# ever stops the process whose pid `start` wrote. Not reference-counted: call `stop`
-# once, from the shell that called `start` (scripts/test does so in a trap).
+# ever stops the process whose pid `start` wrote. Test runs sharing a machine may nest:
+# a `start` that finds our own server already up counts one more user, and `stop` only
+# stops it when the last user stops. Pair each `start` with one `stop` (scripts/test
+# does so in a trap).
 #
 # The server gets its own config and a fresh data dir under $MULTILOCK_ZK_DIR
 # (default: a directory in $TMPDIR), listens on loopback only, has the admin server
@@ -81,9 +83,35 @@ log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n
 EOF
 }
 
+# One `start`/`stop` at a time (several test runs may share the machine).
+serialize() {
+    mkdir -p "$STATE"
+    exec 9>"$STATE/lock"
+    flock 9
+}
+
+# The pid `start` recorded, if that process still runs our config.
+our_pid() {
+    local pid
+    [ -f "$PIDFILE" ] || return 1
+    pid="$(cat "$PIDFILE")"
+    kill -0 "$pid" 2>/dev/null && grep -qF "$STATE/zoo.cfg" "/proc/$pid/cmdline" 2>/dev/null || return 1
+    echo "$pid"
+}
+
+users() { cat "$STATE/users" 2>/dev/null || echo 0; }
+
 start() {
+    serialize
     if listening; then
-        log "something already listens on 127.0.0.1:$PORT; using it, starting nothing"
+        if our_pid >/dev/null; then
+            # Ours, started by an earlier `start` still in use: count one more user,
+            # so that this caller's `stop` leaves it to the others.
+            echo $(($(users) + 1)) >"$STATE/users"
+            log "our ZooKeeper already answers on 127.0.0.1:$PORT ($(users) users)"
+        else
+            log "something already listens on 127.0.0.1:$PORT; using it, starting nothing"
+        fi
         return 0
     fi
     install_zookeeper
@@ -94,20 +122,21 @@ start() {
         -Dlog4j.configuration="file:$STATE/log4j.properties" \
         -Dzookeeper.jmx.log4j.disable=true \
         -cp "$classpath" org.apache.zookeeper.server.ZooKeeperServerMain "$STATE/zoo.cfg" \
-        >"$STATE/stdout.log" 2>&1 </dev/null &
+        >"$STATE/stdout.log" 2>&1 </dev/null 9>&- &
     local pid=$!
     echo "$pid" >"$PIDFILE"
+    echo 1 >"$STATE/users"
     local deadline=$((SECONDS + WAIT_SECONDS))
     while ! answers; do
         if ! kill -0 "$pid" 2>/dev/null; then
             log "ZooKeeper exited during startup; its output:"
             cat "$STATE/stdout.log" "$STATE/zookeeper.log" >&2 2>/dev/null || true
-            rm -f "$PIDFILE"
+            rm -f "$PIDFILE" "$STATE/users"
             return 1
         fi
         if [ "$SECONDS" -ge "$deadline" ]; then
             log "ZooKeeper did not answer ruok within ${WAIT_SECONDS}s; stopping it"
-            stop
+            kill_server "$pid"
             return 1
         fi
         sleep 0.2
@@ -116,25 +145,34 @@ start() {
 }
 
 stop() {
-    if [ ! -f "$PIDFILE" ]; then
+    serialize
+    local pid
+    if ! pid="$(our_pid)"; then
+        rm -f "$PIDFILE" "$STATE/users"  # nothing of ours runs (never started, or it died)
         return 0
     fi
-    local pid
-    pid="$(cat "$PIDFILE")"
-    # Only our own server: the pid must still be a java running our config.
-    if kill -0 "$pid" 2>/dev/null && grep -qF "$STATE/zoo.cfg" "/proc/$pid/cmdline" 2>/dev/null; then
-        kill "$pid"
-        local deadline=$((SECONDS + 20))
-        while kill -0 "$pid" 2>/dev/null; do
-            if [ "$SECONDS" -ge "$deadline" ]; then
-                kill -KILL "$pid" 2>/dev/null || true
-                break
-            fi
-            sleep 0.1
-        done
-        log "stopped ZooKeeper $pid"
+    local left=$(($(users) - 1))
+    if [ "$left" -gt 0 ]; then
+        echo "$left" >"$STATE/users"
+        log "ZooKeeper $pid stays up for $left other user(s)"
+        return 0
     fi
-    rm -f "$PIDFILE"
+    kill_server "$pid"
+}
+
+kill_server() {
+    local pid="$1"
+    kill "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 20))
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            kill -KILL "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 0.1
+    done
+    log "stopped ZooKeeper $pid"
+    rm -f "$PIDFILE" "$STATE/users"
     rm -rf "$STATE/data"
 }
 

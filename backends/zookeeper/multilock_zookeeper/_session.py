@@ -47,6 +47,7 @@ __all__ = ["Batch", "Node", "Session"]
 
 _log = logging.getLogger("multilock.zookeeper")
 _HOST = socket.gethostname()
+_PATH_CACHE = 4096
 _FOREIGN_PERMS = Permissions.CREATE | Permissions.DELETE | Permissions.WRITE | Permissions.ADMIN
 
 
@@ -172,6 +173,8 @@ class Session:
         self._orphans: dict[str, int | None] = {}  # path -> czxid (None: any node of ours)
         self._cleaning: set[str] = set()
         self._acl_checked = config.username is None
+        self._acl = config.acl
+        self._paths: dict[str, str] = {}
         self.client.add_listener(self._on_state)
 
     # --- connecting ------------------------------------------------------------------
@@ -246,12 +249,14 @@ class Session:
             acl for acl in acls if acl.perms & _FOREIGN_PERMS and not _is_id(acl, "digest", ours)
         ]
         if foreign:
+            same_user = any(_acl_text(acl) == f"digest:{self.config.username}" for acl in foreign)
+            hint = " (the same user with another password?)" if same_user else ""
             self._live.set_exception(
                 ConfigurationError(
                     f"the chroot {self.config.root!r} of {self.config.url.masked} lets others"
-                    f" create or delete lock nodes ({', '.join(_acl_text(a) for a in foreign)}):"
-                    " with digest auth it must grant those only to our user; set its ACL or"
-                    " use another chroot"
+                    f" create or delete lock nodes ({', '.join(_acl_text(a) for a in foreign)})"
+                    f"{hint}: with digest auth it must grant those only to our user; set its"
+                    " ACL or use another chroot"
                 )
             )
             return
@@ -302,18 +307,17 @@ class Session:
         """Send one ephemeral create per name, all at once."""
         client_id = self.client.client_id
         session_id = client_id[0] if client_id else 0
-        value_of = _node_value
-        acl = self.config.acl
+        create_async, acl, orphans = self.client.create_async, self._acl, self._orphans
         creates = []
         for name in names:
-            path = self.config.node_path(quote_name(name))
+            path = self._path(name)
             token = new_token()
-            if path in self._orphans:
+            if path in orphans:
                 result = None  # our own earlier node may still be there: held, as far as we know
             else:
-                result = self.client.create_async(
+                result = create_async(
                     path,
-                    value_of(token),
+                    _node_value(token),
                     acl=acl,
                     ephemeral=True,
                     makepath=True,
@@ -321,6 +325,15 @@ class Session:
                 )
             creates.append(_Create(name, path, token, result))
         return Batch(self, creates, session_id)
+
+    def _path(self, name: str) -> str:
+        # Lock names are few (job names) and hot: escape each once.
+        path = self._paths.get(name)
+        if path is None:
+            if len(self._paths) >= _PATH_CACHE:
+                self._paths.clear()
+            path = self._paths[name] = self.config.node_path(quote_name(name))
+        return path
 
     def hold(self, node: Node) -> None:
         """Track a granted node; if the session changed or dropped meanwhile, it is born lost."""
@@ -505,12 +518,16 @@ class Session:
         return infos
 
 
+_VALUE_PREFIX: list[str] = []
+
+
 def _node_value(token: str) -> bytes:
-    since = datetime.now(UTC).isoformat(timespec="milliseconds")
-    return json.dumps(
-        {"token": token, "host": _HOST, "pid": os.getpid(), "since": since},
-        separators=(",", ":"),
-    ).encode()
+    """The holder record a lock node carries: token, host, pid, and creation time (ms)."""
+    pid = os.getpid()
+    if not _VALUE_PREFIX or _VALUE_PREFIX[0] != str(pid):  # computed once per process
+        _VALUE_PREFIX[:] = [str(pid), f'{{"host":{json.dumps(_HOST)},"pid":{pid},"since_ms":']
+    # token (new_token) is hex and dashes only: no JSON escaping needed.
+    return f'{_VALUE_PREFIX[1]}{time.time_ns() // 1_000_000},"token":"{token}"}}'.encode()
 
 
 def _lock_info(path: str, child: str, value: bytes, stat: Any) -> LockInfo:

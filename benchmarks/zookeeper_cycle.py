@@ -1,0 +1,273 @@
+"""An uncontended try_acquire + release cycle of ``zookeeper://``, against raw kazoo and peers.
+
+    python benchmarks/zookeeper_cycle.py           # the full run (a minute or two)
+    python benchmarks/zookeeper_cycle.py --quick   # a smoke run of a few seconds (CI)
+
+Variants, each timed per cycle (acquire, then release) on its own client:
+
+* ``multilock``: ``lease = locker.try_acquire(name)`` then ``lease.release()``
+  (an ephemeral create carrying the holder record, fenced by its czxid, then a
+  version-checked delete);
+* ``raw``: kazoo by hand, ``create(path, ephemeral=True)`` then ``delete(path)``
+  -- the floor for a lock in ZooKeeper; async: the same two requests with their
+  results bridged into asyncio by ``rawlink`` + ``call_soon_threadsafe``;
+* ``exists``: one ``exists`` round trip, the floor of any request;
+* peers: kazoo's ``Lock`` recipe (sequential node, children listing) and tooz's
+  ZooKeeper driver (``kazoo://``; ``pip install 'multilock-zookeeper[bench]'``),
+  which is left out when not installed. Neither has an asyncio API: the async
+  table runs them in a worker thread (``asyncio.to_thread``), as an asyncio
+  application would, next to raw kazoo run the same way.
+
+Rounds interleave the variants in a shuffled order, so that drift in the
+machine's load lands on all of them alike. Reported: median and p99 per cycle,
+each median relative to raw, and whether multilock meets its targets (at most
+1.10x raw; faster than kazoo's Lock and tooz). The server comes from
+``MULTILOCK_ZOOKEEPER_URL`` (default: the local test server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kazoo.client import KazooClient
+
+import multilock
+from multilock.backend import LockURL, mask_url
+from multilock_zookeeper._config import Config
+
+DEFAULT_URL = "zookeeper://127.0.0.1:2181/multilock-test"
+TARGET = 1.10
+OURS, RAW, FLOOR = "multilock", "raw", "exists"
+PEERS = ("kazoo Lock", "tooz")
+
+SyncCycle = Callable[[], object]
+AsyncCycle = Callable[[], Awaitable[object]]
+
+
+def _kazoo(config: Config) -> KazooClient:
+    client = KazooClient(hosts=config.hosts, timeout=config.session_timeout)
+    client.start(timeout=config.connect_timeout)
+    return client
+
+
+def _sync_variants(config: Config, root: str, clients: list[Any]) -> dict[str, SyncCycle]:
+    raw_client = _kazoo(config)
+    peer_client = _kazoo(config)
+    clients += [raw_client, peer_client]
+    raw_client.ensure_path(root)
+    raw_path = f"{root}/raw"
+
+    def raw() -> None:
+        raw_client.create(raw_path, ephemeral=True)
+        raw_client.delete(raw_path)
+
+    kazoo_lock = peer_client.Lock(f"{root}/kazoo-lock")
+
+    def kazoo_recipe() -> None:
+        assert kazoo_lock.acquire(blocking=False)
+        kazoo_lock.release()
+
+    variants: dict[str, SyncCycle] = {
+        RAW: raw,
+        FLOOR: lambda: raw_client.exists(raw_path),
+        "kazoo Lock": kazoo_recipe,
+    }
+    try:
+        from tooz import coordination
+    except ImportError:
+        return variants
+    coordinator = coordination.get_coordinator(
+        f"kazoo://{config.hosts.split(',')[0]}", f"bench-{uuid.uuid4().hex[:8]}".encode()
+    )
+    coordinator.start()
+    clients.append(coordinator)
+    tooz_lock = coordinator.get_lock(f"bench-{uuid.uuid4().hex[:8]}".encode())
+
+    def tooz() -> None:
+        assert tooz_lock.acquire(blocking=False)
+        tooz_lock.release()
+
+    variants["tooz"] = tooz
+    return variants
+
+
+def _close(clients: list[Any]) -> None:
+    for client in clients:
+        client.stop()
+        if isinstance(client, KazooClient):
+            client.close()
+
+
+def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
+    """Time the sync variants; returns microseconds per cycle by variant."""
+    config = Config.from_url(LockURL.parse(url))
+    clients: list[Any] = []
+    with multilock.connect(url) as locker:
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+
+        def ours() -> None:
+            lease = locker.try_acquire(name)
+            assert lease is not None, "the benchmark lock is held elsewhere"
+            lease.release()
+
+        try:
+            variants = {OURS: ours, **_sync_variants(config, config.root, clients)}
+            return _interleave(variants, rounds, per_round)
+        finally:
+            _close(clients)
+
+
+def _bridged(result: Any) -> asyncio.Future[Any]:
+    """A kazoo result as an asyncio future: the minimal bridge any asyncio user would write."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(done: Any) -> None:
+        if not future.done():
+            try:
+                future.set_result(done.get_nowait())
+            except Exception as exc:
+                future.set_exception(exc)
+
+    result.rawlink(lambda done: loop.call_soon_threadsafe(settle, done))
+    return future
+
+
+async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
+    """Time the async variants; returns microseconds per cycle by variant."""
+    config = Config.from_url(LockURL.parse(url))
+    clients: list[Any] = []
+    async with multilock.connect_async(url) as locker:
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+
+        async def ours() -> None:
+            lease = await locker.try_acquire(name)
+            assert lease is not None, "the benchmark lock is held elsewhere"
+            await lease.release()
+
+        try:
+            threaded = _sync_variants(config, config.root, clients)
+            raw_client = clients[0]
+            raw_path = f"{config.root}/raw-async"
+
+            async def raw() -> None:
+                await _bridged(raw_client.create_async(raw_path, ephemeral=True))
+                await _bridged(raw_client.delete_async(raw_path))
+
+            async def exists() -> None:
+                await _bridged(raw_client.exists_async(raw_path))
+
+            variants: dict[str, AsyncCycle] = {OURS: ours, RAW: raw, FLOOR: exists}
+            for variant in ("raw", *PEERS):
+                if variant in threaded:
+                    label = "raw in thread" if variant == RAW else variant
+                    variants[label] = _in_thread(threaded[variant])
+            return await _interleave_async(variants, rounds, per_round)
+        finally:
+            _close(clients)
+
+
+def _in_thread(cycle: SyncCycle) -> AsyncCycle:
+    async def run() -> object:
+        return await asyncio.to_thread(cycle)
+
+    return run
+
+
+def _interleave(
+    variants: dict[str, SyncCycle], rounds: int, per_round: int
+) -> dict[str, list[float]]:
+    clock = time.perf_counter_ns
+    samples: dict[str, list[float]] = {variant: [] for variant in variants}
+    order = list(variants)
+    for round_ in range(rounds + 1):  # round 0 warms up: connects, creates paths
+        random.shuffle(order)
+        for variant in order:
+            cycle, out = variants[variant], samples[variant]
+            for _ in range(per_round):
+                start = clock()
+                cycle()
+                if round_:
+                    out.append((clock() - start) / 1000.0)
+    return samples
+
+
+async def _interleave_async(
+    variants: dict[str, AsyncCycle], rounds: int, per_round: int
+) -> dict[str, list[float]]:
+    clock = time.perf_counter_ns
+    samples: dict[str, list[float]] = {variant: [] for variant in variants}
+    order = list(variants)
+    for round_ in range(rounds + 1):
+        random.shuffle(order)
+        for variant in order:
+            cycle, out = variants[variant], samples[variant]
+            for _ in range(per_round):
+                start = clock()
+                await cycle()
+                if round_:
+                    out.append((clock() - start) / 1000.0)
+    return samples
+
+
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
+
+
+def report(api: str, samples: dict[str, list[float]]) -> bool:
+    """Print one API's table; return whether multilock met its targets."""
+    medians = {variant: statistics.median(values) for variant, values in samples.items()}
+    print(f"\n{api} API ({len(samples[RAW])} cycles per variant)")
+    print(f"  {'variant':<16} {'median µs':>10} {'p99 µs':>10} {'vs raw':>8}")
+    for variant in sorted(samples, key=medians.__getitem__):
+        ratio = medians[variant] / medians[RAW]
+        print(
+            f"  {variant:<16} {medians[variant]:>10.1f} {_p99(samples[variant]):>10.1f}"
+            f" {ratio:>7.2f}x"
+        )
+    ratio = medians[OURS] / medians[RAW]
+    p99_ratio = _p99(samples[OURS]) / _p99(samples[RAW])
+    peers = [variant for variant in PEERS if variant in samples]
+    slower_than = [peer for peer in peers if medians[peer] <= medians[OURS]]
+    met = ratio <= TARGET and not slower_than
+    print(
+        f"  multilock/raw: median {ratio:.3f}x, p99 {p99_ratio:.3f}x (target {TARGET:.2f}x);"
+        f" raw cycle = {medians[RAW] / medians[FLOOR]:.2f} exists round trips;"
+        + (f" slower than {', '.join(slower_than)}" if slower_than else " faster than every peer")
+        + (" -- meets the targets" if met else " -- MISSES a target")
+    )
+    return met
+
+
+def main() -> int:
+    """Run the benchmark; the exit status is 0 unless it could not run."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--rounds", type=int, help="rounds of interleaved variants")
+    parser.add_argument("--per-round", type=int, help="cycles per variant per round")
+    args = parser.parse_args()
+    rounds = args.rounds or (2 if args.quick else 10)
+    per_round = args.per_round or (50 if args.quick else 200)
+    url = os.environ.get("MULTILOCK_ZOOKEEPER_URL", DEFAULT_URL)
+    print(f"zookeeper:// cycle benchmark against {mask_url(url)}")
+    print(f"{rounds} rounds x {per_round} cycles per variant, variants interleaved")
+    try:
+        report("sync", run_sync(url, rounds, per_round))
+        report("async", asyncio.run(run_async(url, rounds, per_round)))
+    except multilock.errors.BackendUnavailable as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -149,6 +149,16 @@ def test_client_kill_never_hangs_or_returns_none(throwaway_redis: Any) -> None:
     admin.close()
 
 
+def test_noscript_after_script_flush_is_handled(throwaway_redis: Any) -> None:
+    with multilock.connect(throwaway_redis.url) as locker:
+        _held(locker.try_acquire("warm-up")).release()  # the scripts are cached now
+        admin = throwaway_redis.admin()
+        admin.script_flush()
+        admin.close()
+        lease = _held(locker.try_acquire("after-flush"))
+        assert lease.release()
+
+
 def test_wrong_password_is_unavailable_and_never_shown(
     secured_redis: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

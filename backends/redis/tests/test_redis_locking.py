@@ -81,14 +81,6 @@ def test_try_acquire_many_is_one_round_trip(locker: RedisLocker, name: str) -> N
     assert held is not None
 
 
-def test_noscript_after_script_flush_is_handled(
-    locker: RedisLocker, admin: redis.Redis, name: str
-) -> None:
-    admin.script_flush()
-    lease = _held(locker.try_acquire(name))
-    assert lease.release()
-
-
 def test_fencing_token_is_the_counter_and_increases(
     locker: RedisLocker, admin: redis.Redis, name: str
 ) -> None:

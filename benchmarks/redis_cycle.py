@@ -24,21 +24,18 @@ from ``MULTILOCK_REDIS_URL`` (default: the local test db 15).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import random
 import statistics
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 
 import redis
 import redis.asyncio
+from _cycle import AsyncCycle, SyncCycle, interleave, interleave_async, main, p99
 
 import multilock
-from multilock.backend import LockURL, mask_url
+from multilock.backend import LockURL
 from multilock_redis._config import parse_config
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"
@@ -49,9 +46,6 @@ RELEASE = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
 OURS, RAW, FLOOR = "multilock", "raw", "ping"
-
-SyncCycle = Callable[[], object]
-AsyncCycle = Callable[[], Awaitable[object]]
 
 
 def _client_url(url: str) -> str:
@@ -120,28 +114,10 @@ def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
             **_sync_peers(peer_client),
         }
         try:
-            return _interleave_sync(variants, rounds, per_round)
+            return interleave(variants, rounds, per_round)
         finally:
             raw_client.close()
             peer_client.close()
-
-
-def _interleave_sync(
-    variants: dict[str, SyncCycle], rounds: int, per_round: int
-) -> dict[str, list[float]]:
-    clock = time.perf_counter_ns
-    samples: dict[str, list[float]] = {variant: [] for variant in variants}
-    order = list(variants)
-    for round_ in range(rounds + 1):  # round 0 warms up: connects, loads scripts
-        random.shuffle(order)
-        for variant in order:
-            cycle, out = variants[variant], samples[variant]
-            for _ in range(per_round):
-                start = clock()
-                cycle()
-                if round_:
-                    out.append((clock() - start) / 1000.0)
-    return samples
 
 
 async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
@@ -191,31 +167,9 @@ async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[flo
 
             variants["pottery AIORedlock"] = pottery_redlock
         try:
-            return await _interleave_async(variants, rounds, per_round)
+            return await interleave_async(variants, rounds, per_round)
         finally:
             await raw_client.aclose()
-
-
-async def _interleave_async(
-    variants: dict[str, AsyncCycle], rounds: int, per_round: int
-) -> dict[str, list[float]]:
-    clock = time.perf_counter_ns
-    samples: dict[str, list[float]] = {variant: [] for variant in variants}
-    order = list(variants)
-    for round_ in range(rounds + 1):
-        random.shuffle(order)
-        for variant in order:
-            cycle, out = variants[variant], samples[variant]
-            for _ in range(per_round):
-                start = clock()
-                await cycle()
-                if round_:
-                    out.append((clock() - start) / 1000.0)
-    return samples
-
-
-def _p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
 def report(api: str, samples: dict[str, list[float]]) -> bool:
@@ -226,9 +180,9 @@ def report(api: str, samples: dict[str, list[float]]) -> bool:
     for variant in sorted(samples, key=medians.__getitem__):
         values = samples[variant]
         ratio = medians[variant] / medians[RAW]
-        print(f"  {variant:<20} {medians[variant]:>10.1f} {_p99(values):>10.1f} {ratio:>7.2f}x")
+        print(f"  {variant:<20} {medians[variant]:>10.1f} {p99(values):>10.1f} {ratio:>7.2f}x")
     ratio = medians[OURS] / medians[RAW]
-    p99_ratio = _p99(samples[OURS]) / _p99(samples[RAW])
+    p99_ratio = p99(samples[OURS]) / p99(samples[RAW])
     peers = [v for v in samples if v not in (OURS, RAW, FLOOR)]
     slower_than = [peer for peer in peers if medians[peer] <= medians[OURS]]
     met = ratio <= TARGETS[api] and not slower_than
@@ -241,26 +195,21 @@ def report(api: str, samples: dict[str, list[float]]) -> bool:
     return met
 
 
-def main() -> int:
-    """Run the benchmark; the exit status is 0 unless it could not run."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    parser.add_argument("--rounds", type=int, help="rounds of interleaved variants")
-    parser.add_argument("--per-round", type=int, help="cycles per variant per round")
-    args = parser.parse_args()
-    rounds = args.rounds or (3 if args.quick else 20)
-    per_round = args.per_round or (100 if args.quick else 500)
-    url = os.environ.get("MULTILOCK_REDIS_URL", DEFAULT_URL)
-    print(f"redis:// cycle benchmark against {mask_url(url)}")
-    print(f"{rounds} rounds x {per_round} cycles per variant, variants interleaved")
-    try:
-        report("sync", run_sync(url, rounds, per_round))
-        report("async", asyncio.run(run_async(url, rounds, per_round)))
-    except (multilock.errors.BackendUnavailable, redis.ConnectionError) as exc:
-        print(f"cannot run: {exc}", file=sys.stderr)
-        return 2
-    return 0
+def run(url: str, rounds: int, per_round: int) -> None:
+    """Time and report both APIs."""
+    report("sync", run_sync(url, rounds, per_round))
+    report("async", asyncio.run(run_async(url, rounds, per_round)))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        main(
+            __doc__ or "",
+            os.environ.get("MULTILOCK_REDIS_URL", DEFAULT_URL),
+            run,
+            # Short rounds, many of them: load drift on a shared machine then
+            # lands on every variant alike.
+            quick=(5, 40),
+            full=(200, 25),
+        )
+    )

@@ -65,6 +65,7 @@ _OPTIONS = OptionParser(
         "application_name": as_str,
         "connect_timeout": as_duration,
         "health_interval": as_duration,
+        "health_timeout": as_duration,
         "fencing": as_bool,
         "fencing_sequence": as_str,
         "ttl": as_duration,
@@ -72,6 +73,7 @@ _OPTIONS = OptionParser(
     {
         "connect_timeout": 5.0,
         "health_interval": 5.0,
+        "health_timeout": 1.0,
         "fencing": False,
         "fencing_sequence": "multilock_fence",
         "ttl": 30.0,
@@ -91,6 +93,7 @@ class Settings:
     conninfo: str
     password: str | None = field(compare=False)
     health_interval: float
+    health_timeout: float
     fencing_sequence: str | None
     """The sequence fencing tokens come from, or ``None`` when fencing is off."""
     ttl: float
@@ -153,6 +156,7 @@ def parse_settings(url: LockURL) -> Settings:
         conninfo=conninfo,
         password=password,
         health_interval=interval,
+        health_timeout=float(values["health_timeout"]),
         fencing_sequence=sequence if values["fencing"] else None,
         ttl=float(values["ttl"]),
     )

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
 
 from multilock import advisory_key
 
-__all__ = ["AsyncMutex", "AsyncTicker", "KeyCache", "Mutex", "Ticker"]
+__all__ = ["AsyncMutex", "AsyncTicker", "Deadline", "KeyCache", "Mutex", "Ticker", "shut_down"]
 
 _log = logging.getLogger("multilock.postgres")
 
@@ -103,6 +105,38 @@ class AsyncTicker:
                 await self._task
             except RuntimeError:  # the task belongs to a loop that is gone
                 pass
+
+
+class Deadline:
+    """``with Deadline(seconds, expire):`` calls ``expire()`` from a timer thread if
+    the block is still running after ``seconds``. A thread, in the async world too:
+    it must fire while the event loop's own task is the one stuck."""
+
+    def __init__(self, seconds: float, expire: Callable[[], None]) -> None:
+        self._timer = threading.Timer(seconds, expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> None:
+        self._timer.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
+def shut_down(fd: int) -> None:
+    """Shut down the socket behind ``fd`` in both directions, from any thread: a
+    call blocked reading it wakes up to end-of-file. The descriptor stays open
+    (its owner closes it), so it cannot be reused under the owner's feet."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 class KeyCache:

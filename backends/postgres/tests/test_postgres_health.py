@@ -15,8 +15,11 @@ import pytest
 
 import multilock
 from multilock import LostSignal, advisory_key
-from multilock.errors import LockLost
+from multilock.backend import LockURL
+from multilock.errors import BackendUnavailable, LockLost
 from multilock_postgres import AsyncPostgresLocker, PostgresLocker
+
+from .conftest import FreezableProxy
 
 INTERVAL = 0.5
 
@@ -222,3 +225,62 @@ def test_async_locker_keeps_checking_in_a_later_event_loop(
 
     asyncio.run(first())  # its loop ends, and the health task with it
     asyncio.run(second())
+
+
+def _through(proxy: FreezableProxy, postgres_url: str, **options: object) -> str:
+    url = LockURL.parse(postgres_url)
+    query = "&".join(f"{key}={value}" for key, value in options.items())
+    return f"postgresql://{url.username or 'postgres'}@127.0.0.1:{proxy.port}{url.path}?{query}"
+
+
+def test_hung_session_fires_lost_within_interval_plus_timeout(
+    frozen_proxy: FreezableProxy, postgres_url: str
+) -> None:
+    url = _through(frozen_proxy, postgres_url, health_interval=INTERVAL, health_timeout=1)
+    with multilock.connect(url) as locker:
+        lease = locker.try_acquire(_name())
+        assert lease is not None
+        frozen_proxy.frozen.set()
+        frozen = time.monotonic()
+        assert lease.lost.wait(INTERVAL + 1.0 + 0.5)
+        assert time.monotonic() - frozen <= INTERVAL + 1.0 + 0.5
+        assert "did not answer within 1 s" in (lease.lost.reason or "")
+        frozen_proxy.frozen.clear()
+        again = locker.try_acquire(_name())  # a new session, through the thawed proxy
+        assert again is not None
+        again.release()
+
+
+def test_call_stuck_on_a_hung_session_fails_within_interval_plus_timeout(
+    frozen_proxy: FreezableProxy, postgres_url: str
+) -> None:
+    url = _through(frozen_proxy, postgres_url, health_interval=INTERVAL, health_timeout=1)
+    with multilock.connect(url) as locker:
+        first = locker.try_acquire(_name())
+        assert first is not None
+        first.release()
+        frozen_proxy.frozen.set()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            locker.try_acquire(_name())  # nothing held: only the deadline can free it
+        assert time.monotonic() - started <= INTERVAL + 1.0 + 0.5
+
+
+def test_async_hung_session_fires_lost_within_interval_plus_timeout(
+    frozen_proxy: FreezableProxy, postgres_url: str
+) -> None:
+    url = _through(frozen_proxy, postgres_url, health_interval=INTERVAL, health_timeout=1)
+
+    async def main() -> None:
+        async with multilock.connect_async(url) as locker:
+            lease = await locker.try_acquire(_name())
+            assert lease is not None
+            frozen_proxy.frozen.set()
+            reason = await asyncio.wait_for(_wait(lease.lost), INTERVAL + 1.0 + 0.5)
+            assert "did not answer" in reason
+            frozen_proxy.frozen.clear()
+            again = await locker.try_acquire(_name())
+            assert again is not None
+            await again.release()
+
+    asyncio.run(main())

@@ -28,7 +28,7 @@ from multilock.errors import BackendUnavailable, MultilockError
 from .. import _sql
 from .._config import Settings, parse_settings
 from .._errors import check_sequence, driver_error, fencing_error
-from .._runtime import KeyCache, Mutex, Ticker
+from .._runtime import Deadline, KeyCache, Mutex, Ticker, shut_down
 
 __all__ = ["PostgresLease", "PostgresLocker"]
 
@@ -87,6 +87,7 @@ class PostgresLocker(LockerBase):
         self._held: dict[int, PostgresLease] = {}
         self._suspects: set[int] = set()
         self._prepared: set[str] = set()
+        self._severed: str | None = None  # why the health check cut the session off
         self._keys = KeyCache()
         self._ticker: Ticker | None = None
 
@@ -188,15 +189,35 @@ class PostgresLocker(LockerBase):
         lease._check_extendable()
 
     def _health_check(self) -> None:
+        """Every ``health_interval``: with leases held, one ``SELECT 1`` on the session.
+
+        The whole check -- waiting for the mutex included, so a caller stuck in a
+        round trip counts -- runs under a deadline of ``health_timeout``: a session
+        that does not answer in time is cut off and its leases reported lost, even
+        where TCP would not notice (a hung server or proxy)."""
+        if self._cursor is None:
+            return
         lost: _Lost = []
         try:
-            with self._mutex:
+            with Deadline(self._settings.health_timeout, self._sever), self._mutex:
                 if self._held and self._cursor is not None:
                     self._ask(_sql.PING, None, lost, "health check", reconnect=False)
-        except Exception as exc:
+        except MultilockError as exc:
             _log.debug("PostgreSQL session health check: %s", exc)
         finally:
             _fire(lost)
+
+    def _sever(self) -> None:
+        """The health check's deadline passed. Runs on a timer thread, while the mutex
+        may be held by a stuck round trip, so it only shuts the socket down -- the
+        stuck call then fails and drops the session -- and reports the leases lost."""
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            shut_down(conn.pgconn.socket)
+        timeout = self._settings.health_timeout
+        reason = f"the PostgreSQL session did not answer within {timeout:g} s"
+        self._severed = reason
+        _fire([(lease, reason) for lease in list(self._held.values())])
 
     # -- the session --------------------------------------------------------------------
 
@@ -221,17 +242,21 @@ class PostgresLocker(LockerBase):
                     raise BackendUnavailable(f"PostgreSQL at {self.url}: not connected")
                 cursor = self._connect()
                 retry = False
-            elif self._suspects:
-                self._unlock_suspects(cursor)
             try:
+                if self._suspects:
+                    self._unlock_suspects(cursor)
                 self._execute(cursor, query, params)
                 return cursor.fetchall()
             except psycopg.Error as exc:
                 conn = self._conn
                 if conn is not None and not conn.closed and not conn.broken:
                     raise driver_error(self._settings.url, exc, doing) from None
-                lost += self._drop_session(f"the PostgreSQL session ended: {_reason(exc)}")
-                if not retry:
+                # A session cut off for not answering is not retried: a new one would
+                # most likely hang the same way, for a whole connect_timeout.
+                severed, self._severed = self._severed, None
+                reason = severed or f"the PostgreSQL session ended: {_reason(exc)}"
+                lost += self._drop_session(reason)
+                if not retry or severed:
                     raise driver_error(self._settings.url, exc, doing) from None
                 retry = False
 
@@ -284,6 +309,7 @@ class PostgresLocker(LockerBase):
             conn.close()
             raise
         self._conn = conn
+        self._severed = None
         self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
         self._pid = conn.info.backend_pid
@@ -330,14 +356,16 @@ class PostgresLocker(LockerBase):
         or after it; PostgreSQL does not record when). ``name`` is known for the
         names this locker has seen; other keys show ``name=None``.
         """
-        lost: _Lost = []
+        # A connection of its own: a slow catalog query must not hold up the session
+        # (nor run into its health check's deadline).
+        settings = self._settings
         try:
-            with self._mutex:
-                rows = self._ask(_sql.LOCKS, None, lost, "listing locks")
-                mine = dict(self._held)
-                own_pid = self._pid
-        finally:
-            _fire(lost)
+            with psycopg.Connection.connect(settings.conninfo, **settings.connect_kwargs()) as conn:
+                rows = (conn.execute(_sql.LOCKS)).fetchall()
+        except psycopg.Error as exc:
+            raise driver_error(settings.url, exc, "listing locks") from None
+        mine = dict(self._held)
+        own_pid = self._pid
         infos = []
         for classid, objid, pid, app, addr, backend_start, query_start in rows:
             key = _signed64((classid << 32) | objid)

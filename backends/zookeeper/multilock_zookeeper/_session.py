@@ -160,6 +160,7 @@ class Session:
         self.config = config
         self.client = KazooClient(
             **config.kazoo_options(),
+            logger=_kazoo_logger(config),
             # Reconnect promptly after an outage (kazoo's default backs off to an hour).
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
@@ -516,6 +517,28 @@ class Session:
                 raise unavailable(self.config.url, "reading locks", exc) from None
             infos.append(_lock_info(self.config.node_path(child), child, value, stat))
         return infos
+
+
+class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's logger, minus our password: at DEBUG, kazoo logs the Auth packet it sends."""
+
+    def __init__(self, logger: logging.Logger, secret: str) -> None:
+        super().__init__(logger, {})
+        self.secret = secret
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if self.isEnabledFor(level):
+            text = str(msg) % args if args else str(msg)
+            self.logger.log(level, text.replace(self.secret, "***"), **kwargs)
+
+    def warn(self, msg: object, *args: object, **kwargs: Any) -> None:
+        """kazoo still calls the deprecated ``warn``."""
+        self.warning(msg, *args, **kwargs)
+
+
+def _kazoo_logger(config: Config) -> logging.Logger | _RedactingLogger:
+    logger = logging.getLogger("kazoo.client")
+    return _RedactingLogger(logger, config.password) if config.password else logger
 
 
 _VALUE_PREFIX: list[str] = []

@@ -70,3 +70,15 @@ def test_a_user_without_rights_gets_backend_unavailable_not_none(
             pytest.raises(BackendUnavailable, match="not authorized"),
         ):
             anonymous.try_acquire("job")
+
+
+def test_the_password_stays_out_of_kazoo_debug_logs(
+    make_url: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(1)  # kazoo logs the Auth packet it sends at DEBUG
+    with multilock.connect(make_url("app:s3cret")) as locker:
+        lease = locker.try_acquire("job")
+        assert lease is not None
+        lease.release()
+    assert "Auth(" in caplog.text  # the packet was logged...
+    assert "s3cret" not in caplog.text  # ...without the password

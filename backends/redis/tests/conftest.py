@@ -44,9 +44,11 @@ def name() -> str:
 class RedisServer:
     """A private ``redis-server`` process that a test may stop and start again."""
 
-    def __init__(self, directory: Path, password: str | None = None) -> None:
+    def __init__(self, directory: Path, password: str | None = None, tls: bool = False) -> None:
         self.directory = directory
         self.password = password
+        self.tls = tls
+        self.certificate = directory / "cert.pem"
         # Unix socket paths are limited to about 100 bytes: keep it short.
         self.socket_path = Path(tempfile.mkdtemp(prefix="mlr-")) / "redis.sock"
         with socket.socket() as probe:
@@ -61,7 +63,31 @@ class RedisServer:
 
     def admin(self) -> redis.Redis:
         """A plain redis-py client for poking at the server from outside."""
+        if self.tls:
+            return redis.Redis(
+                port=self.port, ssl=True, ssl_ca_certs=str(self.certificate), socket_timeout=5
+            )
         return redis.Redis(port=self.port, password=self.password, socket_timeout=5)
+
+    def _listen(self) -> list[str]:
+        if not self.tls:
+            return ["--port", str(self.port)]
+        if not self.certificate.exists():
+            _self_signed(self.certificate, self.directory / "key.pem")
+        return [
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            str(self.certificate),
+            "--tls-key-file",
+            str(self.directory / "key.pem"),
+            "--tls-ca-cert-file",
+            str(self.certificate),
+            "--tls-auth-clients",
+            "no",
+        ]
 
     def start(self) -> None:
         """Start it and wait until it answers PING."""
@@ -71,8 +97,7 @@ class RedisServer:
         self.process = subprocess.Popen(
             [
                 executable,
-                "--port",
-                str(self.port),
+                *self._listen(),
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -97,6 +122,8 @@ class RedisServer:
                     client.ping()
                 return
             except redis.ConnectionError:
+                if self.tls and self.process.poll() is not None:
+                    pytest.skip("this redis-server cannot serve TLS")
                 if time.monotonic() > deadline or self.process.poll() is not None:
                     raise RuntimeError(f"redis-server on port {self.port} did not start") from None
                 time.sleep(0.02)
@@ -124,8 +151,40 @@ class RedisServer:
         shutil.rmtree(self.socket_path.parent, ignore_errors=True)
 
 
-def _serve(directory: Path, password: str | None = None) -> Iterator[RedisServer]:
-    server = RedisServer(directory, password)
+def _self_signed(certificate: Path, key: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed: no certificate for the TLS server")
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(certificate),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _serve(
+    directory: Path, password: str | None = None, tls: bool = False
+) -> Iterator[RedisServer]:
+    server = RedisServer(directory, password, tls)
     try:
         server.start()
         yield server
@@ -143,3 +202,9 @@ def throwaway_redis(tmp_path: Path) -> Iterator[RedisServer]:
 def secured_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A private redis-server that wants the password in ``SECRET``."""
     yield from _serve(tmp_path, SECRET)
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server that speaks only TLS, with a self-signed certificate."""
+    yield from _serve(tmp_path, tls=True)

@@ -155,6 +155,7 @@ class _FileCommon:
             raise
         lease = cls(name, path, token, fence)
         lease._state = _FileLockState(fd, fence, self._open)  # type: ignore[union-attr]
+        lease._state.lease = lease  # type: ignore[union-attr]
         return lease
 
     def _open_file(self, path: str) -> int:
@@ -168,6 +169,7 @@ class _FileCommon:
 
     def _release_all(self) -> None:
         for state in list(self._open):
+            state.lease._released = True  # type: ignore[attr-defined]  # closed: no longer held
             state.release()
 
     def locks(self) -> list[LockInfo]:

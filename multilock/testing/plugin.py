@@ -1,4 +1,12 @@
-"""The pytest plugin (entry point ``pytest11``): options only, inert until given a URL."""
+"""The pytest plugin (entry point ``pytest11``): inert until given a URL.
+
+``pytest --multilock-url=URL`` (repeatable; or the ``MULTILOCK_URL``
+environment variable, whitespace-separated) collects the conformance suite
+shipped in this package and runs it against each URL -- alone when no test
+paths are given, beside them when they are. Without a URL the plugin only
+registers its options. Load it explicitly with ``-p multilock.testing.plugin``
+where plugin autoloading is off.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,13 @@ import os
 
 import pytest
 
+from multilock.backend import mask_url
+
+__all__ = ["SUITE_MODULE", "URL_ENV", "urls"]
+
 URL_ENV = "MULTILOCK_URL"
+SUITE_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_plugin_suite.py")
+"""The file collected when URLs are given."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,7 +43,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def urls(config: pytest.Config) -> list[str]:
-    """The URLs the suite was given, from the option and the environment."""
+    """The URLs the suite was given, from the option and the environment, deduplicated."""
     given: list[str] = list(config.getoption("multilock_url") or [])
     given += os.environ.get(URL_ENV, "").split()
-    return given
+    return list(dict.fromkeys(given))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """With URLs, add the suite module to what pytest collects.
+
+    Given no test paths, the suite runs alone (not the project's testpaths or
+    the current directory): ``pytest --multilock-url URL`` means "check URL".
+    """
+    if not urls(config) or SUITE_MODULE in config.args:
+        return
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        config.args.append(SUITE_MODULE)
+    else:
+        config.args[:] = [SUITE_MODULE]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize the collected suite with the URLs (passwords masked in test ids)."""
+    # Compared by file: the import mode decides under which module name it was imported.
+    module_file = getattr(metafunc.module, "__file__", None) or ""
+    if metafunc.cls is not None and os.path.abspath(module_file) == SUITE_MODULE:
+        given = urls(metafunc.config)
+        metafunc.parametrize(
+            "multilock_url", given, indirect=True, ids=[mask_url(url) for url in given]
+        )

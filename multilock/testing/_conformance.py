@@ -1,0 +1,142 @@
+"""``ConformanceTests``: the whole suite as a mixin class (the fsspec pattern).
+
+A backend's test module subclasses it and supplies the URL::
+
+    class TestMyConformance(ConformanceTests):
+        @pytest.fixture
+        def multilock_url(self, request: pytest.FixtureRequest) -> str:
+            return server_url(request.config, "mylock://127.0.0.1/")
+
+Every test runs twice, against the sync API and the async API. Each test is a
+one-line call of a check written once (``_checks_*``) through the API adapter.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import _checks_basic as basic
+from . import _checks_cancel as cancel
+from . import _checks_contention as contention
+from . import _checks_process as process
+from . import _checks_ttl as ttl
+from ._harness import Harness
+
+__all__ = ["ConformanceTests"]
+
+
+class ConformanceTests:
+    """The conformance suite. Subclass it and define a ``multilock_url`` fixture (str).
+
+    Checks of optional promises skip, naming the capability, when the backend
+    does not declare it; a declared promise that is not kept fails.
+    """
+
+    @pytest.fixture(params=["sync", "async"])
+    def multilock(self, request: pytest.FixtureRequest, multilock_url: str) -> Harness:
+        """The harness of one check, for the sync or the async API."""
+        return Harness(multilock_url, request.param)
+
+    def test_capabilities_agree(self, multilock: Harness) -> None:
+        """Sync and async lockers declare the same, coherent capabilities."""
+        multilock.run(basic.capabilities_agree)
+
+    def test_lease_attributes(self, multilock: Harness) -> None:
+        """A lease's name, key, token, fencing_token, expires_at and held are right."""
+        multilock.run(basic.lease_attributes)
+
+    def test_try_acquire_held_returns_none_promptly(self, multilock: Harness) -> None:
+        """A held name gives None at once, to every locker; nothing queues."""
+        multilock.run(basic.try_semantics)
+
+    def test_release_then_reacquire(self, multilock: Harness) -> None:
+        """A released name can be taken again, by the same and by another locker."""
+        multilock.run(basic.release_reacquire)
+
+    def test_release_is_idempotent(self, multilock: Harness) -> None:
+        """A second release returns False and never frees a new holder."""
+        multilock.run(basic.release_idempotent)
+
+    def test_release_on_exception(self, multilock: Harness) -> None:
+        """An exception leaving ``with lease:`` releases the lock."""
+        multilock.run(basic.release_on_exception)
+
+    def test_release_on_cancellation(self, multilock: Harness) -> None:
+        """A cancelled holder releases, even when cancelled again mid-release."""
+        multilock.run(cancel.release_on_cancellation)
+
+    def test_cancelled_acquire_leaks_nothing(self, multilock: Harness) -> None:
+        """A cancellation landing in an in-flight acquire leaves nothing held (async)."""
+        multilock.run(cancel.acquire_cancelled_leaks_nothing)
+
+    def test_mutual_exclusion_rounds(self, multilock: Harness) -> None:
+        """8 lockers race 100 rounds at once: one winner a round, no lost update."""
+        multilock.run(contention.exclusion_rounds)
+
+    def test_mutual_exclusion_free_running(self, multilock: Harness) -> None:
+        """8 lockers loop acquire/update/release: the shared counter loses nothing."""
+        multilock.run(contention.exclusion_free_running)
+
+    def test_one_locker_excludes_its_own_acquirers(self, multilock: Harness) -> None:
+        """Two acquirers sharing one locker exclude each other (no re-entrancy)."""
+        multilock.run(contention.shared_locker_excludes)
+
+    def test_fencing_tokens_increase(self, multilock: Harness) -> None:
+        """FENCING: tokens strictly increase per name across holders."""
+        multilock.run(contention.fencing_increases)
+
+    def test_different_names_do_not_block(self, multilock: Harness) -> None:
+        """Holding a name never blocks another, however alike."""
+        multilock.run(basic.different_names_independent)
+
+    def test_awkward_names(self, multilock: Harness) -> None:
+        """Awkward names work and stay distinct, or raise InvalidLockName."""
+        multilock.run(basic.names_awkward)
+
+    def test_try_acquire_many(self, multilock: Harness) -> None:
+        """try_acquire_many: a result per name in order, duplicates refused."""
+        multilock.run(basic.try_acquire_many)
+
+    def test_try_acquire_many_batch(self, multilock: Harness) -> None:
+        """BATCH: 200 names in one call."""
+        multilock.run(basic.try_acquire_many_large)
+
+    def test_close_releases_leases(self, multilock: Harness) -> None:
+        """Closing a locker releases its leases; their stale release is a no-op."""
+        multilock.run(basic.close_releases)
+
+    def test_ttl_lease_expires(self, multilock: Harness) -> None:
+        """TTL: an unextended lease ends after its ttl, not before."""
+        multilock.run(ttl.ttl_lease_expires)
+
+    def test_stale_holder_cannot_release_or_extend(self, multilock: Harness) -> None:
+        """TTL: an expired holder's release/extend never touch the new holder."""
+        multilock.run(ttl.stale_holder_is_noop)
+
+    def test_extend_keeps_lease(self, multilock: Harness) -> None:
+        """TTL: extending keeps a lease exclusive for several ttls."""
+        multilock.run(ttl.extend_keeps_lease)
+
+    def test_renewal_keeps_long_job_exclusive(self, multilock: Harness) -> None:
+        """TTL+RENEWAL: a long (even blocking) job keeps its lease past several ttls."""
+        multilock.run(ttl.renewal_keeps_long_job_exclusive)
+
+    def test_lost_signal_fires(self, multilock: Harness) -> None:
+        """LOST_SIGNAL: a lease dropped by the backend fires lost every way."""
+        multilock.run(ttl.lost_signal)
+
+    def test_crashed_holder_frees_lock(self, multilock: Harness) -> None:
+        """CROSS_PROCESS: a SIGKILLed holder's lock is free within the backend's bound."""
+        multilock.run(process.crashed_holder_frees)
+
+    def test_paused_holder_cannot_touch_new_holder(self, multilock: Harness) -> None:
+        """TTL+CROSS_PROCESS: a holder frozen past its ttl cannot release the new holder."""
+        multilock.run(process.paused_holder_is_noop)
+
+    def test_mutual_exclusion_across_processes(self, multilock: Harness) -> None:
+        """CROSS_PROCESS: 8 processes share a counter under the lock; fencing increases."""
+        multilock.run(process.cross_process_exclusion)
+
+    def test_unreachable_backend_raises(self, multilock: Harness) -> None:
+        """An unreachable backend raises BackendUnavailable promptly, never None."""
+        multilock.run(process.unreachable_raises)

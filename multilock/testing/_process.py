@@ -1,0 +1,104 @@
+"""The parent's side of :mod:`multilock.testing._child`: spawn, talk, pause, kill."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from types import TracebackType
+
+__all__ = ["START_TIMEOUT", "Child"]
+
+START_TIMEOUT = 30.0
+"""Seconds a child may take to start Python, import multilock and answer."""
+
+
+class Child:
+    """One ``python -m multilock.testing._child`` process (an async context manager
+    that kills the process on exit, whatever happened)."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> Child:
+        env = dict(os.environ)
+        # The child imports what this process imports (a source checkout, say).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "multilock.testing._child",
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            self.signal(signal.SIGCONT)
+            proc.kill()
+        if proc is not None:
+            await proc.wait()
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        assert self._proc is not None
+        return self._proc.pid
+
+    async def expect(self, prefix: str, within: float = START_TIMEOUT) -> str:
+        """The child's next output line, which must start with ``prefix``."""
+        assert self._proc is not None
+        assert self._proc.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self._proc.stdout.readline(), within)
+        except TimeoutError:
+            raise AssertionError(
+                f"child {' '.join(self.args[2:4])!r} said nothing within {within:g} s"
+                f" (expected {prefix!r})"
+            ) from None
+        line = raw.decode(errors="replace").strip()
+        if not line.startswith(prefix):
+            raise AssertionError(
+                f"child {' '.join(self.args[2:4])!r} said {line or '<EOF>'!r}, expected {prefix!r}"
+                + await self._stderr()
+            )
+        return line[len(prefix) :].strip()
+
+    async def send(self, command: str) -> None:
+        """Write one command line to the child."""
+        assert self._proc is not None
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(command.encode() + b"\n")
+        await self._proc.stdin.drain()
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` (SIGKILL, SIGSTOP, SIGCONT...) unless the child is gone."""
+        if self._proc is not None and self._proc.returncode is None:
+            try:
+                os.kill(self._proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    async def wait(self, within: float = START_TIMEOUT) -> int:
+        """Wait for the child to exit; its return code."""
+        assert self._proc is not None
+        return await asyncio.wait_for(self._proc.wait(), within)
+
+    async def _stderr(self) -> str:
+        assert self._proc is not None
+        assert self._proc.stderr is not None
+        try:
+            await asyncio.wait_for(self._proc.wait(), 2.0)
+        except TimeoutError:
+            return ""  # still running: its stderr would block
+        text = (await self._proc.stderr.read()).decode(errors="replace").strip()
+        return f"\nchild stderr:\n{text[-2000:]}" if text else ""

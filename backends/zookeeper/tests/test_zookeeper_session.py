@@ -167,3 +167,14 @@ def test_node_records_its_holder_and_locks_lists_it(
         assert info.name == "a job/with spaces"
         assert info.details["token"] == lease.token
         assert info.details["fencing_token"] == lease.fencing_token
+
+
+def test_a_dead_host_in_the_ensemble_list_is_skipped(chroot: str, zookeeper_url: str) -> None:
+    live = LockURL.parse(zookeeper_url)
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    url = f"zookeeper://127.0.0.1:{dead},{live.host}:{live.port or 2181}{chroot}"
+    with multilock.connect(url) as locker:
+        lease = poll("acquiring through the live host", lambda: locker.try_acquire("job"))
+        assert lease.release() is True

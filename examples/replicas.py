@@ -41,8 +41,10 @@ def replica(index: int, args: argparse.Namespace) -> None:
     """One replica: every tick, fire (late by up to ``--skew``) and try to run the job."""
     rng = random.Random(os.getpid())
     with multilock.connect(f"file://{args.dir}/locks") as locker:
+        print("ready", flush=True)
+        start = float(sys.stdin.readline())  # the same first fire time for every replica
         for tick in range(args.ticks):
-            fire = args.start + tick * args.interval
+            fire = start + tick * args.interval
             sleep_until(fire + rng.uniform(0, args.skew))
             if time.time() > fire + args.interval / 2:  # too late for this tick: a misfire
                 outcome = "late"
@@ -69,10 +71,8 @@ def _read_reports(proc: subprocess.Popen[str], reports: Queue[dict[str, object]]
 def main(args: argparse.Namespace) -> int:
     """Start the replicas, print who ran each tick, then the summary; 1 if not exactly once."""
     with tempfile.TemporaryDirectory(prefix="multilock-demo-") as directory:
-        start = time.time() + 1.0  # time for every replica to start up
         common = [
             f"--dir={directory}",
-            f"--start={start}",
             f"--ticks={args.ticks}",
             f"--interval={args.interval}",
             f"--skew={args.skew}",
@@ -87,11 +87,22 @@ def main(args: argparse.Namespace) -> int:
         procs = [
             subprocess.Popen(
                 [sys.executable, __file__, f"--replica={i}", *common],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
             )
             for i in range(1, args.replicas + 1)
         ]
+        # Start the clock once every replica is up: a slow start must not look like a miss.
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise SystemExit("a replica failed to start")
+        start = time.time() + 0.2
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start}\n")
+            proc.stdin.close()
         readers = [threading.Thread(target=_read_reports, args=(p, reports)) for p in procs]
         for reader in readers:
             reader.start()
@@ -137,7 +148,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--replica", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
-    parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
     return parser
 
 

@@ -119,13 +119,18 @@ class Renewer:
                 if due is None:
                     return
                 batch, budget = due
-                if client is None or budget < timeout:
+                if client is None or not budget <= timeout <= 4 * budget:
                     # Never wait on a socket past a lease's confirmed expiry: it must
-                    # be reported lost by then, whatever the server does.
+                    # be reported lost by then, whatever the server does. (A new
+                    # client is a new connection: only when the budget moved a lot.)
                     if client is not None:
                         client.close()
                     client, timeout = sync_client(self._config, budget), budget
-                self._renew(client, batch)
+                try:
+                    self._renew(client, batch)
+                except Exception:  # a bug must not stop renewal silently: report, retry
+                    _log.exception("renewing %d lease(s) failed", len(batch))
+                    self._failed(batch, "the renewal thread hit an unexpected error")
         finally:
             if client is not None:
                 client.close()
@@ -141,11 +146,13 @@ class Renewer:
             if wake <= now:
                 self._wake_at = -math.inf  # adds during the round need no wake-up
                 batch = []
-                budget = self._config.socket_timeout
+                # The shortest ttl of all leases, not of this batch: a budget that
+                # stays put keeps the connection.
+                budget = min(self._config.socket_timeout, *(held._ttl / 3 for held in self._leases))
                 for lease, schedule in self._leases.items():
                     if schedule.due <= now + lease._ttl / 6:
                         batch.append(lease)
-                        budget = min(budget, schedule.deadline - now, lease._ttl / 3)
+                        budget = min(budget, schedule.deadline - now)
                 return batch, max(_MIN_TIMEOUT, budget)
             self._wake_at = wake
             self._cond.wait(wake - now)

@@ -1,1 +1,1 @@
-"""The async PostgreSQL locker: the one source the sync code is generated from."""
+"""The PostgreSQL locker, written once: ``_async`` is the source, ``_sync`` is generated."""

@@ -15,6 +15,8 @@ from psycopg.conninfo import make_conninfo
 from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str
 from multilock.errors import InvalidOption
 
+from ._errors import redact
+
 __all__ = ["LIBPQ_PARAMETERS", "Settings", "parse_settings"]
 
 # libpq connection parameters handed on unchanged: TLS, auth, routing, keepalive tuning.
@@ -149,7 +151,8 @@ def parse_settings(url: LockURL) -> Settings:
         conninfo = make_conninfo("", **params)
     except psycopg.ProgrammingError as exc:  # a parameter this libpq does not know
         raise InvalidOption(
-            f"invalid libpq parameter in {url.scheme}:// URL {url.masked!r}: {url.redact(str(exc))}"
+            f"invalid libpq parameter in {url.scheme}:// URL {url.masked!r}:"
+            f" {redact(url, str(exc))}"
         ) from None
     return Settings(
         url=url,

@@ -7,7 +7,14 @@ import psycopg
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, ConfigurationError, MultilockError
 
-__all__ = ["check_sequence", "driver_error", "fencing_error"]
+__all__ = ["check_sequence", "driver_error", "fencing_error", "redact"]
+
+
+def redact(url: LockURL, text: str) -> str:
+    """``text`` with the URL's password hidden, given in the netloc or as ``?password=``."""
+    text = url.redact(text)
+    given = url.options.get("password")
+    return text.replace(given, "***") if isinstance(given, str) and given else text
 
 
 def driver_error(url: LockURL, exc: psycopg.Error, doing: str) -> MultilockError:
@@ -21,7 +28,7 @@ def driver_error(url: LockURL, exc: psycopg.Error, doing: str) -> MultilockError
     """
     sqlstate = getattr(exc, "sqlstate", None)
     state = f" [SQLSTATE {sqlstate}]" if sqlstate else ""
-    detail = url.redact(str(exc).strip()) or type(exc).__name__
+    detail = redact(url, str(exc).strip()) or type(exc).__name__
     message = f"PostgreSQL at {url.masked}: {doing} failed: {detail}{state}"
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return BackendUnavailable(message)
@@ -35,7 +42,7 @@ def fencing_error(url: LockURL, sequence: str | None, exc: psycopg.Error) -> Mul
             f"PostgreSQL at {url.masked}: fencing=true needs the sequence {sequence!r} and"
             f" this role may not create it. Have an administrator run: CREATE SEQUENCE"
             f" {sequence} AS bigint CACHE 1; GRANT USAGE ON SEQUENCE {sequence} TO <role>"
-            f" -- or name another with ?fencing_sequence=. ({url.redact(str(exc).strip())})"
+            f" -- or name another with ?fencing_sequence=. ({redact(url, str(exc).strip())})"
         )
     return driver_error(url, exc, f"preparing the fencing sequence {sequence!r}")
 

@@ -20,6 +20,8 @@ from multilock.errors import BackendUnavailable, InvalidOption
 from multilock_postgres import PostgresLocker, backend
 from multilock_postgres._config import parse_settings
 
+from .conftest import FreezableProxy
+
 SECRET = "s3cr3t-Pa55word"
 
 
@@ -110,6 +112,28 @@ def test_password_is_masked_everywhere(postgres_url: str, caplog: pytest.LogCapt
     assert SECRET not in repr(parse_settings(LockURL.parse(url)))
     assert SECRET not in parse_settings(LockURL.parse(url)).conninfo
     assert all(SECRET not in record.getMessage() for record in caplog.records)
+
+
+def test_password_given_as_an_option_is_masked_too(postgres_url: str) -> None:
+    url = postgres_url.rsplit("/", 1)[0] + f"/no_such_db_{uuid.uuid4().hex[:8]}"
+    url += f"?password={SECRET}"
+    with multilock.connect(url) as locker, pytest.raises(BackendUnavailable) as info:
+        locker.try_acquire("x")
+    assert SECRET not in repr(locker)
+    assert SECRET not in str(info.value)
+    assert SECRET not in parse_settings(LockURL.parse(url)).conninfo
+
+
+def test_connect_timeout_bounds_a_server_that_never_answers(
+    frozen_proxy: FreezableProxy, postgres_url: str
+) -> None:
+    frozen_proxy.frozen.set()  # TCP connects, the startup handshake never completes
+    path = LockURL.parse(postgres_url).path
+    url = f"postgresql://postgres@127.0.0.1:{frozen_proxy.port}{path}?connect_timeout=2"
+    started = time.monotonic()
+    with multilock.connect(url) as locker, pytest.raises(BackendUnavailable):
+        locker.try_acquire("x")
+    assert time.monotonic() - started < 4.0
 
 
 def test_unreachable_server_raises_promptly(postgres_url: str) -> None:

@@ -25,10 +25,12 @@ from ``MULTILOCK_REDIS_URL`` (default: the local test db 15).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import statistics
 import sys
 import uuid
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -52,6 +54,14 @@ def _client_url(url: str) -> str:
     return parse_config(LockURL.parse(url)).client_url
 
 
+def _optional(module: str) -> Any:
+    """An installed peer library, or ``None`` (peers are the ``bench`` extra, not required)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
 def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
     peers: dict[str, SyncCycle] = {}
 
@@ -61,11 +71,8 @@ def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
         lock.release()
 
     peers["redis-py Lock"] = redis_py_lock
-    try:
-        import redis_lock  # type: ignore[import-untyped]
-    except ImportError:
-        pass
-    else:
+    redis_lock = _optional("redis_lock")
+    if redis_lock is not None:
 
         def python_redis_lock() -> None:
             lock = redis_lock.Lock(client, NAME + "-prl", expire=TTL_MS // 1000)
@@ -73,14 +80,13 @@ def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
             lock.release()
 
         peers["python-redis-lock"] = python_redis_lock
-    try:
-        from pottery import Redlock
-    except ImportError:
-        pass
-    else:
+    pottery = _optional("pottery")
+    if pottery is not None:
 
         def pottery_redlock() -> None:
-            lock = Redlock(key=NAME + "-pottery", masters={client}, auto_release_time=TTL_MS / 1000)
+            lock = pottery.Redlock(
+                key=NAME + "-pottery", masters={client}, auto_release_time=TTL_MS / 1000
+            )
             assert lock.acquire(blocking=False)
             lock.release()
 
@@ -152,14 +158,11 @@ async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[flo
             FLOOR: ping,
             "redis-py Lock": redis_py_lock,
         }
-        try:
-            from pottery import AIORedlock
-        except ImportError:
-            pass
-        else:
+        pottery = _optional("pottery")
+        if pottery is not None:
 
             async def pottery_redlock() -> None:
-                lock = AIORedlock(
+                lock = pottery.AIORedlock(
                     key=NAME + "-pottery", masters={raw_client}, auto_release_time=TTL_MS / 1000
                 )
                 assert await lock.acquire(blocking=False)

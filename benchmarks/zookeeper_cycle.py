@@ -27,30 +27,24 @@ each median relative to raw, and whether multilock meets its targets (at most
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import random
 import statistics
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from _cycle import AsyncCycle, SyncCycle, interleave, interleave_async, main, p99
 from kazoo.client import KazooClient
 
 import multilock
-from multilock.backend import LockURL, mask_url
+from multilock.backend import LockURL
 from multilock_zookeeper._config import Config
 
 DEFAULT_URL = "zookeeper://127.0.0.1:2181/multilock-test"
 TARGET = 1.10
 OURS, RAW, FLOOR = "multilock", "raw", "exists"
 PEERS = ("kazoo Lock", "tooz")
-
-SyncCycle = Callable[[], object]
-AsyncCycle = Callable[[], Awaitable[object]]
 
 
 def _kazoo(config: Config) -> KazooClient:
@@ -121,7 +115,7 @@ def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
 
         try:
             variants = {OURS: ours, **_sync_variants(config, config.root, clients)}
-            return _interleave(variants, rounds, per_round)
+            return interleave(variants, rounds, per_round)
         finally:
             _close(clients)
 
@@ -171,7 +165,7 @@ async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[flo
                 if variant in threaded:
                     label = "raw in thread" if variant == RAW else variant
                     variants[label] = _in_thread(threaded[variant])
-            return await _interleave_async(variants, rounds, per_round)
+            return await interleave_async(variants, rounds, per_round)
         finally:
             _close(clients)
 
@@ -183,46 +177,6 @@ def _in_thread(cycle: SyncCycle) -> AsyncCycle:
     return run
 
 
-def _interleave(
-    variants: dict[str, SyncCycle], rounds: int, per_round: int
-) -> dict[str, list[float]]:
-    clock = time.perf_counter_ns
-    samples: dict[str, list[float]] = {variant: [] for variant in variants}
-    order = list(variants)
-    for round_ in range(rounds + 1):  # round 0 warms up: connects, creates paths
-        random.shuffle(order)
-        for variant in order:
-            cycle, out = variants[variant], samples[variant]
-            for _ in range(per_round):
-                start = clock()
-                cycle()
-                if round_:
-                    out.append((clock() - start) / 1000.0)
-    return samples
-
-
-async def _interleave_async(
-    variants: dict[str, AsyncCycle], rounds: int, per_round: int
-) -> dict[str, list[float]]:
-    clock = time.perf_counter_ns
-    samples: dict[str, list[float]] = {variant: [] for variant in variants}
-    order = list(variants)
-    for round_ in range(rounds + 1):
-        random.shuffle(order)
-        for variant in order:
-            cycle, out = variants[variant], samples[variant]
-            for _ in range(per_round):
-                start = clock()
-                await cycle()
-                if round_:
-                    out.append((clock() - start) / 1000.0)
-    return samples
-
-
-def _p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
-
-
 def report(api: str, samples: dict[str, list[float]]) -> bool:
     """Print one API's table; return whether multilock met its targets."""
     medians = {variant: statistics.median(values) for variant, values in samples.items()}
@@ -231,11 +185,11 @@ def report(api: str, samples: dict[str, list[float]]) -> bool:
     for variant in sorted(samples, key=medians.__getitem__):
         ratio = medians[variant] / medians[RAW]
         print(
-            f"  {variant:<16} {medians[variant]:>10.1f} {_p99(samples[variant]):>10.1f}"
+            f"  {variant:<16} {medians[variant]:>10.1f} {p99(samples[variant]):>10.1f}"
             f" {ratio:>7.2f}x"
         )
     ratio = medians[OURS] / medians[RAW]
-    p99_ratio = _p99(samples[OURS]) / _p99(samples[RAW])
+    p99_ratio = p99(samples[OURS]) / p99(samples[RAW])
     peers = [variant for variant in PEERS if variant in samples]
     slower_than = [peer for peer in peers if medians[peer] <= medians[OURS]]
     met = ratio <= TARGET and not slower_than
@@ -248,26 +202,12 @@ def report(api: str, samples: dict[str, list[float]]) -> bool:
     return met
 
 
-def main() -> int:
-    """Run the benchmark; the exit status is 0 unless it could not run."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    parser.add_argument("--rounds", type=int, help="rounds of interleaved variants")
-    parser.add_argument("--per-round", type=int, help="cycles per variant per round")
-    args = parser.parse_args()
-    rounds = args.rounds or (2 if args.quick else 10)
-    per_round = args.per_round or (50 if args.quick else 200)
-    url = os.environ.get("MULTILOCK_ZOOKEEPER_URL", DEFAULT_URL)
-    print(f"zookeeper:// cycle benchmark against {mask_url(url)}")
-    print(f"{rounds} rounds x {per_round} cycles per variant, variants interleaved")
-    try:
-        report("sync", run_sync(url, rounds, per_round))
-        report("async", asyncio.run(run_async(url, rounds, per_round)))
-    except multilock.errors.BackendUnavailable as exc:
-        print(f"cannot run: {exc}", file=sys.stderr)
-        return 2
-    return 0
+def run(url: str, rounds: int, per_round: int) -> None:
+    """Time and report both APIs."""
+    report("sync", run_sync(url, rounds, per_round))
+    report("async", asyncio.run(run_async(url, rounds, per_round)))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    url = os.environ.get("MULTILOCK_ZOOKEEPER_URL", DEFAULT_URL)
+    sys.exit(main(__doc__ or "", url, run, quick=(2, 50), full=(10, 200)))

@@ -43,11 +43,12 @@ async def async_settle(result: Any, deadline: float) -> bool:
             pass
 
     result.rawlink(wake)
+    # A bare timer, not asyncio.wait_for: this is the hot path of every async call.
+    timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()), _resolve, woken)
     try:
-        await asyncio.wait_for(woken, max(0.0, deadline - time.monotonic()))
-    except TimeoutError:
-        pass
+        await woken
     finally:
+        timer.cancel()
         result.unlink(wake)
     return bool(result.ready())
 

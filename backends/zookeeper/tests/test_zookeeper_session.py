@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -178,3 +179,28 @@ def test_a_dead_host_in_the_ensemble_list_is_skipped(chroot: str, zookeeper_url:
     with multilock.connect(url) as locker:
         lease = poll("acquiring through the live host", lambda: locker.try_acquire("job"))
         assert lease.release() is True
+
+
+def test_async_calls_start_no_thread(
+    make_url: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[threading.Thread] = []
+    original = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        started.append(thread)
+        original(thread)
+
+    async def main() -> None:
+        async with multilock.connect_async(make_url()) as locker:
+            assert await locker.try_acquire("warm-up") is not None  # kazoo's own threads
+            monkeypatch.setattr(threading.Thread, "start", counting_start)
+            leases = await asyncio.gather(*(locker.try_acquire(f"job-{i}") for i in range(50)))
+            many = await locker.try_acquire_many([f"batch-{i}" for i in range(50)])
+            for lease in [*leases, *many.values()]:
+                assert lease is not None
+                await lease.release()
+            monkeypatch.undo()
+
+    asyncio.run(main())
+    assert started == [], f"async calls started threads: {started}"

@@ -1,0 +1,101 @@
+"""One replica of ``multilock demo``: ``python -m multilock._cli._replica ...``.
+
+It runs the demo's jobs every second from ``--start`` for ``--seconds``, with
+its clock shifted by ``--offset`` (a replica whose clock is early or late), and
+appends one line per tick to ``--record``: ``ran|skipped JOB FIRE REPLICA``.
+With ``--naive`` it runs the plain lock-while-running pattern instead of the
+scheduler, to show the duplicate runs a late replica causes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from datetime import UTC, datetime
+
+from .._clock import SystemClock
+from .._events import EventKind, JobEvent
+from .._registry import connect_async
+from .._scheduler import Scheduler
+from .._triggers import every
+
+JOB_SECONDS = 0.005  # a short job: the case where a late replica re-runs a tick
+
+
+class _Record:
+    def __init__(self, path: str, replica: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.replica = replica
+
+    def write(self, outcome: str, job: str, fire: float) -> None:
+        # One write() per line with O_APPEND: lines of replicas never interleave.
+        os.write(self.fd, f"{outcome} {job} {fire:.3f} {self.replica}\n".encode())
+
+
+async def _scheduled(args: argparse.Namespace, record: _Record) -> None:
+    clock = SystemClock(args.offset)
+    scheduler = Scheduler(
+        args.lock,
+        clock=clock,
+        skew_tolerance=args.skew_tolerance,
+        replica_id=args.id,
+        metrics=False,
+    )
+
+    async def job() -> None:
+        await asyncio.sleep(JOB_SECONDS)
+
+    def listen(event: JobEvent) -> None:
+        if event.kind is EventKind.SUCCEEDED:
+            record.write("ran", event.job, event.fire_time.timestamp())
+        elif event.kind is EventKind.SKIPPED_HELD:
+            record.write("skipped", event.job, event.fire_time.timestamp())
+
+    start = datetime.fromtimestamp(args.start, UTC)
+    for name in args.jobs:
+        scheduler.add_job(job, every(seconds=1, start=start), name=name)
+    scheduler.add_listener(listen)
+    end = args.start + args.seconds - 1 + args.skew_tolerance + 0.3
+    async with scheduler:
+        await clock.sleep_until(end)
+
+
+async def _naive(args: argparse.Namespace, record: _Record) -> None:
+    clock = SystemClock(args.offset)
+    async with connect_async(args.lock) as locker:
+
+        async def loop(name: str) -> None:
+            for tick in range(args.seconds):
+                fire = args.start + tick
+                await clock.sleep_until(fire)
+                lease = await locker.try_acquire(name)
+                if lease is None:
+                    record.write("skipped", name, fire)
+                    continue
+                async with lease:  # held only while the job runs: the naive pattern
+                    await asyncio.sleep(JOB_SECONDS)
+                record.write("ran", name, fire)
+
+        await asyncio.gather(*(loop(name) for name in args.jobs))
+
+
+def main() -> None:
+    """Parse the parent's arguments and run until the last tick."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lock", required=True)
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--offset", type=float, default=0.0)
+    parser.add_argument("--start", type=float, required=True)
+    parser.add_argument("--seconds", type=int, required=True)
+    parser.add_argument("--skew-tolerance", type=float, default=0.6)
+    parser.add_argument("--record", required=True)
+    parser.add_argument("--naive", action="store_true")
+    parser.add_argument("jobs", nargs="+")
+    args = parser.parse_args()
+    record = _Record(args.record, args.id)
+    asyncio.run(_naive(args, record) if args.naive else _scheduled(args, record))
+
+
+if __name__ == "__main__":
+    main()

@@ -194,6 +194,11 @@ class Session:
             if not self._started:
                 self._started = True
                 self.client.start_async()
+            elif self._live.ready() and not self._live.successful() and self.client.connected:
+                # The chroot's ACL was refused (or could not be read): ask again, so
+                # that fixing the ACL needs no new locker.
+                self._live = self.client.handler.async_result()
+                self.client.get_acls_async(self.config.root).rawlink(self._acl_answer)
             return self._live
 
     def check_connected(self) -> None:

@@ -10,7 +10,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 import multilock
+from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, ConfigurationError
+from multilock_zookeeper._config import Config
 
 
 def test_others_cannot_delete_our_node_or_take_the_lock(
@@ -47,16 +49,18 @@ def test_wrong_credentials_are_refused_without_touching_the_locks(
         assert admin.exists(str(lease.key)) is not None
 
 
-def test_an_open_chroot_is_not_trusted_with_auth(
+def test_an_open_chroot_is_not_trusted_with_auth_until_its_acl_is_fixed(
     make_url: Callable[..., str], admin: KazooClient, chroot: str
 ) -> None:
     admin.ensure_path(chroot)  # world may create and delete children here
-    with (
-        multilock.connect(make_url("app:s3cret")) as locker,
-        pytest.raises(ConfigurationError, match="world:anyone"),
-    ):
-        locker.try_acquire("job")
-    with multilock.connect(make_url()) as open_locker:  # without auth, it is fine
+    with multilock.connect(make_url("app:s3cret")) as locker:
+        with pytest.raises(ConfigurationError, match="world:anyone"):
+            locker.try_acquire("job")
+        # Fixed by an administrator: the same locker works, without a reconnect.
+        admin.set_acls(chroot, Config.from_url(LockURL.parse(make_url("app:s3cret"))).acl)
+        assert locker.try_acquire("job") is not None
+    with multilock.connect(make_url()) as open_locker:  # without auth, an open chroot is fine
+        admin.delete(chroot)
         assert open_locker.try_acquire("job") is not None
 
 

@@ -50,6 +50,7 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
         {
             "AsyncConnection": "Connection",
             "AsyncCursor": "Cursor",
+            "AsyncDeadline": "Deadline",
             "AsyncMutex": "Mutex",
             "AsyncTicker": "Ticker",
             "AsyncPostgresLease": "PostgresLease",

@@ -1,8 +1,9 @@
 """The concurrency primitives the generated sync code swaps for the async ones.
 
 The locker is written once, for asyncio, under ``_async/``; ``scripts/unasync.py``
-renames ``AsyncMutex`` to ``Mutex`` and ``AsyncTicker`` to ``Ticker`` when it
-generates ``_sync/``. Each pair here has the same shape in both worlds.
+renames ``AsyncMutex``, ``AsyncTicker`` and ``AsyncDeadline`` to ``Mutex``,
+``Ticker`` and ``Deadline`` when it generates ``_sync/``. Each pair here has the
+same shape in both worlds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from collections.abc import Awaitable, Callable
 
 from multilock import advisory_key
 
-__all__ = ["AsyncMutex", "AsyncTicker", "Deadline", "KeyCache", "Mutex", "Ticker", "shut_down"]
+__all__ = [
+    "AsyncDeadline",
+    "AsyncMutex",
+    "AsyncTicker",
+    "Deadline",
+    "KeyCache",
+    "Mutex",
+    "Ticker",
+    "shut_down",
+]
 
 _log = logging.getLogger("multilock.postgres")
 
@@ -109,8 +119,8 @@ class AsyncTicker:
 
 class Deadline:
     """``with Deadline(seconds, expire):`` calls ``expire()`` from a timer thread if
-    the block is still running after ``seconds``. A thread, in the async world too:
-    it must fire while the event loop's own task is the one stuck."""
+    the block is still running after ``seconds``: the thread that runs the block
+    may be the one stuck."""
 
     def __init__(self, seconds: float, expire: Callable[[], None]) -> None:
         self._timer = threading.Timer(seconds, expire)
@@ -121,6 +131,42 @@ class Deadline:
 
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
+
+
+class AsyncDeadline:
+    """``with AsyncDeadline(seconds, expire):`` in a coroutine calls ``expire()`` on
+    the event loop if the block is still running after ``seconds``.
+
+    On the loop, not on a thread: a loop that was itself held up (by blocking code in
+    some task) has not read the answer waiting in the socket, which is no fault of the
+    session. A deadline that fires late by more than a grace period, the loop's lag,
+    gives the block that grace period more before it expires.
+    """
+
+    GRACE = 0.1
+
+    def __init__(self, seconds: float, expire: Callable[[], None]) -> None:
+        self._seconds = seconds
+        self._expire = expire
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+
+    def __enter__(self) -> None:
+        self._arm(asyncio.get_running_loop(), self._seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        self._due = loop.time() + delay
+        self._handle = loop.call_at(self._due, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop.time() - self._due > self.GRACE:
+            self._arm(loop, self.GRACE)
+        else:
+            self._expire()
 
 
 def shut_down(fd: int) -> None:

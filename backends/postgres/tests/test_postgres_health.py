@@ -284,3 +284,25 @@ def test_async_hung_session_fires_lost_within_interval_plus_timeout(
             await again.release()
 
     asyncio.run(main())
+
+
+def test_a_blocked_event_loop_is_not_a_dead_session(make_url: Callable[..., str]) -> None:
+    # Blocking code in some task holds the loop past the health deadline while a check
+    # is in flight: the answer waits unread in the socket. That is no loss.
+    url = make_url(health_interval="1h", health_timeout=0.2)
+
+    async def main() -> None:
+        async with multilock.connect_async(url) as locker:
+            assert isinstance(locker, AsyncPostgresLocker)
+            lease = await locker.try_acquire(_name())
+            assert lease is not None
+            for _ in range(3):
+                check = asyncio.create_task(locker._health_check())
+                await asyncio.sleep(0)  # the check has sent its SELECT 1
+                time.sleep(0.5)  # noqa: ASYNC251 -- the loop is blocked, on purpose
+                await check
+            assert not lease.lost.is_set(), lease.lost.reason
+            await lease.extend()  # and the session is alive
+            await lease.release()
+
+    asyncio.run(main())

@@ -25,7 +25,7 @@ from multilock.errors import BackendUnavailable, MultilockError
 from .. import _sql
 from .._config import Settings, parse_settings
 from .._errors import check_sequence, driver_error, fencing_error
-from .._runtime import AsyncMutex, AsyncTicker, Deadline, KeyCache, shut_down
+from .._runtime import AsyncDeadline, AsyncMutex, AsyncTicker, KeyCache, shut_down
 
 __all__ = ["AsyncPostgresLease", "AsyncPostgresLocker"]
 
@@ -198,7 +198,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
             return
         lost: _Lost = []
         try:
-            with Deadline(self._settings.health_timeout, self._sever):
+            with AsyncDeadline(self._settings.health_timeout, self._sever):
                 async with self._mutex:
                     if self._held and self._cursor is not None:
                         await self._ask(_sql.PING, None, lost, "health check", reconnect=False)
@@ -208,9 +208,10 @@ class AsyncPostgresLocker(AsyncLockerBase):
             _fire(lost)
 
     def _sever(self) -> None:
-        """The health check's deadline passed. Runs on a timer thread, while the mutex
-        may be held by a stuck round trip, so it only shuts the socket down -- the
-        stuck call then fails and drops the session -- and reports the leases lost."""
+        """The health check's deadline passed. The mutex may be held by a stuck round
+        trip (on another thread, for the sync locker), so this only shuts the socket
+        down -- the stuck call then fails and drops the session -- and reports the
+        leases lost."""
         conn = self._conn
         if conn is not None and not conn.closed:
             shut_down(conn.pgconn.socket)

@@ -208,9 +208,10 @@ class PostgresLocker(LockerBase):
             _fire(lost)
 
     def _sever(self) -> None:
-        """The health check's deadline passed. Runs on a timer thread, while the mutex
-        may be held by a stuck round trip, so it only shuts the socket down -- the
-        stuck call then fails and drops the session -- and reports the leases lost."""
+        """The health check's deadline passed. The mutex may be held by a stuck round
+        trip (on another thread, for the sync locker), so this only shuts the socket
+        down -- the stuck call then fails and drops the session -- and reports the
+        leases lost."""
         conn = self._conn
         if conn is not None and not conn.closed:
             shut_down(conn.pgconn.socket)

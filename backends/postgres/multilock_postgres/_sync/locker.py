@@ -213,8 +213,11 @@ class PostgresLocker(LockerBase):
         down -- the stuck call then fails and drops the session -- and reports the
         leases lost."""
         conn = self._conn
-        if conn is not None and not conn.closed:
-            shut_down(conn.pgconn.socket)
+        try:
+            if conn is not None and not conn.closed:
+                shut_down(conn.pgconn.socket)
+        except psycopg.Error:
+            pass  # closed meanwhile: nothing left to cut
         timeout = self._settings.health_timeout
         reason = f"the PostgreSQL session did not answer within {timeout:g} s"
         self._severed = reason

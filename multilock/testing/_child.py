@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -41,7 +42,8 @@ async def _take(api: Api, locker: Any, name: str, ttl: float | None) -> Any:
         lease = await api.try_acquire(locker, name, ttl)
         if lease is not None:
             return lease
-        await asyncio.sleep(0.001)
+        # Jittered backoff: busy contenders must not starve the holder of CPU.
+        await asyncio.sleep(random.uniform(0.001, 0.004))
     raise TimeoutError(f"could not take {name!r} within {_ACQUIRE_DEADLINE:g} s")
 
 

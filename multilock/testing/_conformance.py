@@ -134,7 +134,7 @@ class ConformanceTests:
         multilock.run(process.paused_holder_is_noop)
 
     def test_mutual_exclusion_across_processes(self, multilock: Harness) -> None:
-        """CROSS_PROCESS: 8 processes share a counter under the lock; fencing increases."""
+        """CROSS_PROCESS: 4 processes share a counter under the lock; fencing increases."""
         multilock.run(process.cross_process_exclusion)
 
     def test_unreachable_backend_raises(self, multilock: Harness) -> None:

@@ -1,0 +1,87 @@
+"""Deliberately broken backends make the suite fail on the check that names the flaw.
+
+The backends live in ``flawed_backends.py`` (beside this file), built on the
+kit and registered by a conftest of the pytester directory, exactly as a
+third party without an entry point would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+_QUIET = ("-p", "no:hypothesispytest", "-p", "no:cacheprovider")
+
+
+def _failed(pytester: pytest.Pytester, url: str, *args: str) -> tuple[set[str], int]:
+    """Run the suite on ``url``; the failed checks (as ``name[api]``) and the pass count."""
+    source = Path(__file__).with_name("flawed_backends.py").read_text()
+    pytester.makepyfile(flawed_backends=source)
+    pytester.makeconftest("import flawed_backends\n\nflawed_backends.register()\n")
+    pytester.syspathinsert()
+    rec = pytester.inline_run(*_QUIET, "--multilock-url", url, *args)
+    passed, _skipped, failed = rec.listoutcomes()
+    suffix = f"-{url}]"
+    names = set()
+    for report in failed:
+        check = report.nodeid.rsplit("::", 1)[-1]
+        assert check.endswith(suffix), check
+        names.add(check.removesuffix(suffix) + "]")
+    return names, len(passed)
+
+
+@pytest.fixture(autouse=True)
+def _no_env_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MULTILOCK_URL", raising=False)
+    monkeypatch.delenv("MULTILOCK_REQUIRE_BACKENDS", raising=False)
+
+
+def test_sound_ttl_backend_passes_whole_suite(pytester: pytest.Pytester) -> None:
+    """The control: a correct TTL backend on the same scaffolding passes every check."""
+    failed, passed = _failed(pytester, "sound://control")
+    assert failed == set()
+    assert passed >= 35
+
+
+def test_reentrant_backend_fails_shared_locker_check(pytester: pytest.Pytester) -> None:
+    """A locker granted a name it already holds fails the no-re-entrancy check."""
+    failed, _ = _failed(pytester, "reentrant://x")
+    assert {
+        "test_one_locker_excludes_its_own_acquirers[sync]",
+        "test_one_locker_excludes_its_own_acquirers[async]",
+    } <= failed
+    assert "test_mutual_exclusion_rounds[sync]" not in failed  # independent lockers are fine
+
+
+def test_blocking_try_acquire_fails_try_semantics(pytester: pytest.Pytester) -> None:
+    """A try_acquire that waits for the holder fails the try-semantics check."""
+    failed, passed = _failed(pytester, "blocking://x", "-k", "promptly or reacquire")
+    assert failed == {
+        "test_try_acquire_held_returns_none_promptly[sync]",
+        "test_try_acquire_held_returns_none_promptly[async]",
+    }
+    assert passed == 2
+
+
+def test_unshielded_release_fails_cancellation_check(pytester: pytest.Pytester) -> None:
+    """An async release that a cancellation can interrupt leaks the lock: caught."""
+    failed, _ = _failed(pytester, "uncancellable://x")
+    assert failed == {"test_release_on_cancellation[async]"}
+
+
+def test_blind_delete_fails_stale_holder_check(pytester: pytest.Pytester) -> None:
+    """A release without compare-and-delete frees the next holder's lock: caught."""
+    failed, _ = _failed(pytester, "blinddelete://x", "-k", "stale or expires or reacquire")
+    assert failed == {
+        "test_stale_holder_cannot_release_or_extend[sync]",
+        "test_stale_holder_cannot_release_or_extend[async]",
+    }
+
+
+def test_declared_promise_without_hooks_fails(pytester: pytest.Pytester) -> None:
+    """LOST_SIGNAL declared but no hooks to prove it: a failure, never a skip."""
+    failed, _ = _failed(pytester, "nohooks://x", "-k", "lost_signal")
+    assert failed == {"test_lost_signal_fires[sync]", "test_lost_signal_fires[async]"}

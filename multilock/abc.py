@@ -234,15 +234,26 @@ class AsyncDistributedLock(Protocol):
 
 
 class ConformanceHooks(Protocol):
-    """What the conformance suite needs to know of a backend beyond the contract."""
+    """What the conformance suite needs to know of a backend beyond the contract.
+
+    Stale holders need no hook: the suite freezes a holder *process* with
+    SIGSTOP (which stops its renewal too, as a long GC pause would), lets the
+    lease expire, hands the name to another locker, resumes the holder with
+    SIGCONT and checks that its release and extend cannot touch the new holder.
+    """
 
     def crash_release_bound(self, url: LockURL, ttl: float) -> float:
-        """Seconds after a holder is SIGKILLed by which the lock must be free again."""
+        """Seconds after a holder is SIGKILLed -- or frozen with SIGSTOP, for TTL
+        backends -- by which the lock must be free again. ``ttl`` is the lease's
+        (0.0 for backends without ``TTL``); the suite adds a second of slack."""
 
     def break_lease(self, url: LockURL, locker: object, lease: object) -> None:
-        """Drop ``lease`` from the server side (kill its session, delete its key...).
+        """Drop ``lease`` from the server side (kill its session, delete its key...),
+        so that the backend notices and fires ``lease.lost``.
 
-        Only called for backends that declare ``LOST_SIGNAL``.
+        Only called for backends that declare ``LOST_SIGNAL``. ``locker`` is the
+        sync or async locker that holds ``lease``; the call is made from a worker
+        thread while an async locker's event loop keeps running.
         """
 
     def unreachable_url(self, url: LockURL) -> str | None:

@@ -40,7 +40,6 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
         {
             "AsyncRedisLease": "RedisLease",
             "AsyncRedisLocker": "RedisLocker",
-            "AsyncScript": "Script",
             "async_client": "sync_client",
         },
     ),

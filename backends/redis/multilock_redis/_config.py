@@ -15,7 +15,19 @@ from redis.backoff import NoBackoff
 from multilock.backend import LockURL, OptionParser, as_duration, as_str
 from multilock.errors import InvalidOption, InvalidURL
 
-__all__ = ["RedisConfig", "async_client", "parse_config", "sync_client"]
+__all__ = [
+    "AsyncClient",
+    "RedisConfig",
+    "SyncClient",
+    "async_client",
+    "parse_config",
+    "sync_client",
+]
+
+AsyncClient = redis.asyncio.Redis
+"""The asyncio client type (``SyncClient`` in the generated sync code)."""
+SyncClient = redis.Redis
+"""The sync client type."""
 
 # Handed to redis-py untouched, which converts and checks them (TLS, db, pool...).
 _PASSTHROUGH = frozenset(

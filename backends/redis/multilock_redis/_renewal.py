@@ -27,6 +27,7 @@ from multilock.backend import LostSignal
 from ._config import RedisConfig, sync_client
 from ._errors import REDIS_ERRORS, translate
 from ._scripts import EXTEND, HELD_ELSEWHERE
+from ._sync._lua import run
 
 __all__ = ["Renewer", "ttl_ms"]
 
@@ -165,7 +166,7 @@ class Renewer:
             args += (lease.token, ttl_ms(ttl))
         sent = time.monotonic()
         try:
-            answers = client.register_script(EXTEND)([lease.key for lease in batch], args)
+            answers = run(client, EXTEND, [lease.key for lease in batch], args)
         except REDIS_ERRORS as exc:
             self._failed(batch, str(translate(exc, self._config.url, "renewing leases")))
             return

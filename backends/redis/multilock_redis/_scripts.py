@@ -7,6 +7,8 @@ release or extend can never touch the lock of whoever holds the name now.
 
 from __future__ import annotations
 
+import hashlib
+
 __all__ = [
     "ACQUIRE",
     "ACQUIRE_MANY",
@@ -15,29 +17,41 @@ __all__ = [
     "RELEASE",
     "RELEASE_MANY",
     "VANISHED",
+    "Lua",
 ]
+
+
+class Lua:
+    """A script and its SHA1, as ``EVALSHA`` names it."""
+
+    __slots__ = ("sha", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+
 
 # One name is the hot path: a script without a loop or a result table costs the
 # server about half as much as the general form (measured on Redis 7).
-ACQUIRE = """
+ACQUIRE = Lua("""
 -- KEYS: lock, fence  ARGV: ttl in ms, token
 -- Returns the new fencing token, or 0 when someone else holds the lock.
 if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
   return redis.call('INCR', KEYS[2])
 end
 return 0
-"""
+""")
 
-RELEASE = """
+RELEASE = Lua("""
 -- KEYS: lock  ARGV: token
 -- Compare-and-delete; returns 1 if this call freed the lock.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
-"""
+""")
 
-ACQUIRE_MANY = """
+ACQUIRE_MANY = Lua("""
 -- KEYS: lock1, fence1, lock2, fence2, ...  ARGV: ttl in ms, token1, token2, ...
 -- Returns per lock its new fencing token, or 0 when someone else holds it.
 local out = {}
@@ -49,9 +63,9 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
-"""
+""")
 
-RELEASE_MANY = """
+RELEASE_MANY = Lua("""
 -- KEYS: lock1, lock2, ...  ARGV: token1, token2, ...
 -- Compare-and-delete; returns how many locks this call freed.
 local freed = 0
@@ -61,9 +75,9 @@ for i, key in ipairs(KEYS) do
   end
 end
 return freed
-"""
+""")
 
-EXTEND = """
+EXTEND = Lua("""
 -- KEYS: lock1, lock2, ...  ARGV: token1, ttl1 in ms, token2, ttl2, ...
 -- Compare-and-pexpire; returns per lock 1 (extended), 0 (gone) or -1 (another holder).
 local out = {}
@@ -78,7 +92,7 @@ for i, key in ipairs(KEYS) do
   end
 end
 return out
-"""
+""")
 
 VANISHED = 0
 """EXTEND's answer for a lock whose key is gone (expired or deleted)."""

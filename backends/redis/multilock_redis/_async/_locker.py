@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import time
 
-from redis.commands.core import AsyncScript
-
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
 
 from .._common import RedisLockerCommon
 from .._config import async_client
 from .._errors import REDIS_ERRORS, translate
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
+from ._lua import run
 
 __all__ = ["AsyncRedisLease", "AsyncRedisLocker"]
 
@@ -52,18 +51,12 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
         self._client = async_client(self._config)
-        script = self._client.register_script
-        self._acquire_one: AsyncScript = script(ACQUIRE)
-        self._acquire_many: AsyncScript = script(ACQUIRE_MANY)
-        self._release_one: AsyncScript = script(RELEASE)
-        self._release_many: AsyncScript = script(RELEASE_MANY)
-        self._extend_many: AsyncScript = script(EXTEND)
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         keys, args, tokens = self._acquire_request([name], ttl)
         start = time.monotonic()
         try:
-            fence = await self._acquire_one(keys, args)
+            fence = await run(self._client, ACQUIRE, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted([name], keys, tokens, [fence], ttl, start)[name]
@@ -76,7 +69,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = await self._acquire_many(keys, args)
+            fences = await run(self._client, ACQUIRE_MANY, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted(names, keys, tokens, fences, ttl, start)
@@ -105,7 +98,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     async def _release_lease(self, lease: AsyncRedisLease) -> bool:
         self._untrack(lease)
         try:
-            freed = await self._release_one([lease.key], [lease.token])
+            freed = await run(self._client, RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
@@ -115,7 +108,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     async def _extend_lease(self, lease: AsyncRedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:
-            answers = await self._extend_many([lease.key], [lease.token, self._ttl_ms(ttl)])
+            answers = await run(self._client, EXTEND, [lease.key], [lease.token, self._ttl_ms(ttl)])
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
@@ -124,7 +117,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         keys, tokens = self._drop_all()
         try:
             if keys:
-                await self._release_many(keys, tokens)
+                await run(self._client, RELEASE_MANY, keys, list(tokens))
         except REDIS_ERRORS as exc:
             self._close_failed(exc, len(keys))
         finally:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import time
 
-from redis.commands.core import Script
-
 from multilock.backend import LeaseBase, LockerBase, LockURL
 
 from .._common import RedisLockerCommon
 from .._config import sync_client
 from .._errors import REDIS_ERRORS, translate
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
+from ._lua import run
 
 __all__ = ["RedisLease", "RedisLocker"]
 
@@ -55,18 +54,12 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
         self._client = sync_client(self._config)
-        script = self._client.register_script
-        self._acquire_one: Script = script(ACQUIRE)
-        self._acquire_many: Script = script(ACQUIRE_MANY)
-        self._release_one: Script = script(RELEASE)
-        self._release_many: Script = script(RELEASE_MANY)
-        self._extend_many: Script = script(EXTEND)
 
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
         keys, args, tokens = self._acquire_request([name], ttl)
         start = time.monotonic()
         try:
-            fence = self._acquire_one(keys, args)
+            fence = run(self._client, ACQUIRE, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted([name], keys, tokens, [fence], ttl, start)[name]
@@ -77,7 +70,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = self._acquire_many(keys, args)
+            fences = run(self._client, ACQUIRE_MANY, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted(names, keys, tokens, fences, ttl, start)
@@ -106,7 +99,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def _release_lease(self, lease: RedisLease) -> bool:
         self._untrack(lease)
         try:
-            freed = self._release_one([lease.key], [lease.token])
+            freed = run(self._client, RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
@@ -116,7 +109,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def _extend_lease(self, lease: RedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:
-            answers = self._extend_many([lease.key], [lease.token, self._ttl_ms(ttl)])
+            answers = run(self._client, EXTEND, [lease.key], [lease.token, self._ttl_ms(ttl)])
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
@@ -125,7 +118,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         keys, tokens = self._drop_all()
         try:
             if keys:
-                self._release_many(keys, tokens)
+                run(self._client, RELEASE_MANY, keys, list(tokens))
         except REDIS_ERRORS as exc:
             self._close_failed(exc, len(keys))
         finally:

@@ -12,7 +12,7 @@ from ._events import EventKind
 from ._jobs import Job, RunContext, start_run
 from ._signal import LostSignal
 
-__all__ = ["Outcome", "supervise", "wait_quietly"]
+__all__ = ["Outcome", "await_lost", "supervise", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -36,7 +36,7 @@ async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | 
     body.add_done_callback(_consume)
     guards: dict[asyncio.Future[Any], Outcome] = {}
     if lost is not None:
-        guards[asyncio.ensure_future(_await_lost(lost))] = (EventKind.LEASE_LOST, None, None)
+        guards[asyncio.ensure_future(await_lost(lost))] = (EventKind.LEASE_LOST, None, None)
     if job.timeout is not None:
         deadline = clock.now() + job.timeout
         timed_out: Outcome = (EventKind.TIMED_OUT, None, f"timeout of {job.timeout}s")
@@ -69,7 +69,8 @@ async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | 
     return kind, None, reason
 
 
-async def _await_lost(lost: LostSignal) -> str:
+async def await_lost(lost: LostSignal) -> str:
+    """The reason, once ``lost`` fires (a coroutine, for tasks and ``asyncio.wait``)."""
     return await lost
 
 

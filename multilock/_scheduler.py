@@ -21,7 +21,7 @@ from ._keys import advisory_key
 from ._leases import Leadership, keep_alive
 from ._metrics import metrics_listener
 from ._registry import connect_async
-from ._runs import supervise, wait_quietly
+from ._runs import await_lost, supervise, wait_quietly
 from ._service import Service
 from ._signal import LostSignal
 from ._triggers import Trigger
@@ -38,20 +38,45 @@ _MAX_CATCH_UP = 1000  # ticks walked one by one after a pause; beyond, they are 
 
 @dataclass
 class _JobState:
+    """Where a job is in this process. Changed only on the loop, synchronously."""
+
     job: Job
     next_fire: datetime | None = None
-    running: bool = False  # a body runs (what ``overlap`` is about)
-    settled: asyncio.Event = field(default_factory=asyncio.Event)  # no body, no lease held
+    running: bool = False  # a body runs: what ``overlap`` is about
+    busy: bool = False  # a run is not over: its body, lease hold or release
+    holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def claim(self) -> None:
-        """Mark a run as started; synchronous, so two ticks cannot both claim."""
-        self.running = True
-        self.settled.clear()
+        """Mark a run as started, so that no other tick claims the job meanwhile."""
+        self.running = self.busy = True
+
+    def notify(self) -> None:
+        """Wake whoever waits for this job's state to change."""
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
 
     def settle(self) -> None:
         """The run is over and its lease released."""
-        self.running = False
-        self.settled.set()
+        self.running = self.busy = False
+        self.notify()
+
+    def take_hold(self) -> AsyncLease | None:
+        """The lease a finished run still holds, handed to the next tick (or ``None``)."""
+        lease = self.holding
+        if lease is None or not lease.held:
+            return None
+        self.holding = None
+        self.running = True
+        self.notify()  # ends the previous run's hold, which then leaves the lease be
+        return lease
+
+    @property
+    def ready(self) -> bool:
+        """No body runs, and no lease is held or being released but one to take over."""
+        if self.running:
+            return False
+        return not self.busy or (self.holding is not None and self.holding.held)
 
 
 @dataclass
@@ -133,7 +158,8 @@ class Scheduler(Service):
             recorder = metrics_listener(registry)
             if recorder is not None:
                 self._listeners.append(recorder)
-        self._states: dict[str, _JobState] = {}
+        self._states: dict[str, _JobState] = {}  # the loop reads snapshots: list(values())
+        self._guard = threading.Lock()
         self._keys: dict[int, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runs: set[asyncio.Task[None]] = set()
@@ -181,31 +207,33 @@ class Scheduler(Service):
         job = make_job(func, trigger, options, self._defaults)
         validate_schedule(job, self._now(), self.skew_tolerance)
         key = advisory_key(job.name)
-        if job.name in self._states:
-            raise ConfigurationError(f"a job named {job.name!r} is already registered")
-        if key in self._keys:
-            raise ConfigurationError(
-                f"job names {job.name!r} and {self._keys[key]!r} have the same advisory key"
-                f" {key}: rename one"
-            )
-        self._keys[key] = job.name
         state = _JobState(job)
-        self._states[job.name] = state
+        with self._guard:  # add_job may be called from any thread
+            if job.name in self._states:
+                raise ConfigurationError(f"a job named {job.name!r} is already registered")
+            if key in self._keys:
+                raise ConfigurationError(
+                    f"job names {job.name!r} and {self._keys[key]!r} have the same advisory"
+                    f" key {key}: rename one"
+                )
+            self._keys[key] = job.name
+            self._states[job.name] = state
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._install, state)
         return job
 
     def remove_job(self, name: str) -> None:
         """Stop scheduling ``name`` (a run in progress finishes)."""
-        state = self._states.pop(name, None)
-        if state is None:
-            raise KeyError(f"no job named {name!r}")
-        self._keys.pop(advisory_key(name), None)
+        with self._guard:
+            state = self._states.pop(name, None)
+            if state is None:
+                raise KeyError(f"no job named {name!r}")
+            self._keys.pop(advisory_key(name), None)
 
     @property
     def jobs(self) -> list[Job]:
         """The registered jobs."""
-        return [state.job for state in self._states.values()]
+        return [state.job for state in list(self._states.values())]
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(event)`` with every :class:`~multilock.JobEvent`."""
@@ -225,7 +253,7 @@ class Scheduler(Service):
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._stopping = False
-        for state in self._states.values():
+        for state in list(self._states.values()):
             self._install(state)
         self._tasks.append(asyncio.create_task(self._serve(), name="multilock-scheduler"))
         if self._leadership is not None:
@@ -285,7 +313,7 @@ class Scheduler(Service):
         lookback = min(state.job.misfire_grace, self.skew_tolerance)
         since = self._now() - timedelta(seconds=lookback)
         state.next_fire = state.job.next_fire(since)
-        state.settled = asyncio.Event()  # bound to this loop
+        state.changed = asyncio.Event()  # bound to this loop
         state.settle()
         if self._wake is not None:
             self._wake.set()
@@ -293,7 +321,8 @@ class Scheduler(Service):
     async def _serve(self) -> None:
         assert self._wake is not None
         while not self._stopping:
-            upcoming = [s.next_fire for s in self._states.values() if s.next_fire is not None]
+            states = list(self._states.values())
+            upcoming = [s.next_fire for s in states if s.next_fire is not None]
             waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._wake.wait())}
             if upcoming:
                 deadline = min(upcoming).timestamp()
@@ -324,16 +353,26 @@ class Scheduler(Service):
                     self._emit(EventKind.MISSED, job, fire, reason="coalesced")
                 fresh = fresh[-1:]
             for i, fire in enumerate(fresh):
-                if state.running or i > 0:
-                    if job.overlap == "reschedule" and i == 0:
-                        self._emit(EventKind.SKIPPED_OVERLAP, job, fire, reason="still running")
-                    else:
-                        self._spawn(self._after_previous(_Due(job, fire, state)))
-                else:
+                due = _Due(job, fire, state)
+                if state.running and i == 0 and job.overlap == "reschedule":
+                    self._emit(EventKind.SKIPPED_OVERLAP, job, fire, reason="still running")
+                elif i > 0 or not state.ready:
+                    self._spawn(self._after_previous(due))
+                elif not self._continue_hold(due):
                     state.claim()  # now: the run starts on a later loop turn
-                    batch.append(_Due(job, fire, state))
+                    batch.append(due)
         if batch:
             await self._start_batch(batch)
+
+    def _continue_hold(self, due: _Due) -> bool:
+        """If this replica still holds the job's lease from the previous tick, run this
+        tick under it: nobody else can have run it, and no release/acquire can race."""
+        lease = due.state.take_hold()
+        if lease is None:
+            return False
+        due.state.busy = True
+        self._spawn(self._execute(due, lease, lease.lost, lease.fencing_token))
+        return True
 
     def _pop_due(self, state: _JobState, now: float) -> list[datetime]:
         fires: list[datetime] = []
@@ -347,16 +386,17 @@ class Scheduler(Service):
 
     async def _after_previous(self, due: _Due) -> None:
         state = due.state
-        while not state.settled.is_set():  # the previous run and its lease hold
-            await state.settled.wait()
+        while not state.ready:  # the previous run, or its lease release
+            await state.changed.wait()
         late = self.clock.now() - due.fire.timestamp()
         if self._stopping:
             return
         if late > due.job.misfire_grace:
             self._emit(EventKind.MISSED, due.job, due.fire, reason=f"{late:.3f}s late (waited)")
             return
-        state.claim()
-        await self._start_batch([due])
+        if not self._continue_hold(due):
+            state.claim()
+            await self._start_batch([due])
 
     async def _start_batch(self, batch: list[_Due]) -> None:
         """Take the locks of the distributed jobs due now (one ``try_acquire_many``), start runs."""
@@ -423,6 +463,7 @@ class Scheduler(Service):
         keepalive = (
             None if lease is None else keep_alive(self._locker, lease, self.lease_ttl, self.clock)
         )
+        handed_over = False
         try:
             run = RunContext(job.name, fire, self.replica_id, token, threading.Event())
             started = self.clock.now()
@@ -431,16 +472,18 @@ class Scheduler(Service):
                 kind, error, reason = await supervise(job, run, self.clock, lost)
             finally:
                 due.state.running = False
+                due.state.notify()
             duration = self.clock.now() - started
             self._emit(kind, job, fire, duration=duration, error=error, reason=reason)
             if lease is not None and kind is not EventKind.LEASE_LOST:
-                await self._hold(job, fire, lease)
+                handed_over = await self._hold(due, lease)
         finally:
             if keepalive is not None:
                 keepalive.cancel()
-            if lease is not None:
-                await self._release(lease)
-            due.state.settle()
+            if not handed_over:
+                if lease is not None:
+                    await self._release(lease)
+                due.state.settle()
 
     async def _release(self, lease: AsyncLease) -> None:
         self._held.discard(lease)
@@ -449,15 +492,33 @@ class Scheduler(Service):
         except Exception:  # the backend is gone: the lease ends with its session or ttl
             log.warning("releasing the lease on %s failed", lease.name, exc_info=True)
 
-    async def _hold(self, job: Job, fire: datetime, lease: AsyncLease) -> None:
+    async def _hold(self, due: _Due, lease: AsyncLease) -> bool:
         """Keep the lease until ``fire + skew_tolerance`` (never past the next fire time),
-        so that a replica firing this tick late finds it held."""
-        until = fire + timedelta(seconds=self.skew_tolerance)
-        following = job.next_fire(fire)
+        so that a replica firing this tick late finds it held. Returns whether the next
+        tick took the lease over meanwhile (then it is no longer ours to release)."""
+        state = due.state
+        until = due.fire + timedelta(seconds=self.skew_tolerance)
+        following = due.job.next_fire(due.fire)
         if following is not None:
             until = min(until, following)
-        if until.timestamp() > self.clock.now() and lease.held:
-            await self.clock.sleep_until(until.timestamp())
+        state.holding = lease
+        state.notify()
+        end = asyncio.ensure_future(self.clock.sleep_until(until.timestamp()))
+        lost = asyncio.ensure_future(await_lost(lease.lost))
+        try:
+            while state.holding is lease and not end.done() and not lost.done():
+                changed = asyncio.ensure_future(state.changed.wait())
+                try:
+                    await asyncio.wait({end, lost, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+        finally:
+            end.cancel()
+            lost.cancel()
+        if state.holding is lease:
+            state.holding = None
+            return False
+        return True
 
     def _emit(
         self,

@@ -17,8 +17,28 @@ See :mod:`multilock.testing.plugin` and ``docs/conformance.md``.
 
 from __future__ import annotations
 
-from ._conformance import ConformanceTests
-from ._harness import Harness
-from ._servers import require_backends, server_url
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._conformance import ConformanceTests
+    from ._harness import Harness
+    from ._servers import require_backends, server_url
 
 __all__ = ["ConformanceTests", "Harness", "require_backends", "server_url"]
+
+# Imported on first use: the suite's child processes import this package too,
+# and must not pay for pytest on every start.
+_HOMES = {
+    "ConformanceTests": "._conformance",
+    "Harness": "._harness",
+    "require_backends": "._servers",
+    "server_url": "._servers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home, __name__), name)

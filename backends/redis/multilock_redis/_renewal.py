@@ -120,10 +120,10 @@ class Renewer:
                 if due is None:
                     return
                 batch, budget = due
-                if client is None or not budget <= timeout <= 4 * budget:
+                if client is None or not timeout <= budget <= 4 * timeout:
                     # Never wait on a socket past a lease's confirmed expiry: it must
                     # be reported lost by then, whatever the server does. (A new
-                    # client is a new connection: only when the budget moved a lot.)
+                    # client is a new connection: not for every small change.)
                     if client is not None:
                         client.close()
                     client, timeout = sync_client(self._config, budget), budget

@@ -81,12 +81,12 @@ async def stale_holder_is_noop(h: Harness) -> None:
 
 
 async def extend_keeps_lease(h: Harness) -> None:
-    """Extending every ttl/3 keeps a lease exclusive for several ttls; expires_at moves."""
+    """Extending every ttl/4 keeps a lease exclusive for 2.5 ttls; expires_at moves."""
     h.requires(Capability.TTL)
     name = h.name("extend")
     lease = await h.api.try_acquire(await h.api.connect(), name, ttl=SHORT_TTL)
     assert lease is not None
-    end = time.monotonic() + 3 * SHORT_TTL
+    end = time.monotonic() + 2.5 * SHORT_TTL
     while time.monotonic() < end:
         before = lease.expires_at
         await h.api.extend(lease, SHORT_TTL)
@@ -94,7 +94,7 @@ async def extend_keeps_lease(h: Harness) -> None:
         assert lease.expires_at is not None
         assert lease.expires_at > before, "extend() did not move expires_at forward"
         await h.assert_held(name, "while its holder keeps extending it")
-        await asyncio.sleep(SHORT_TTL / 3)
+        await asyncio.sleep(SHORT_TTL / 4)
     assert lease.held
     assert not lease.lost.is_set(), f"lease lost: {lease.lost.reason}"
     assert await h.api.release(lease) is True

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any
 
 import pytest
@@ -101,7 +103,27 @@ class Harness:
                 self._probe = None
                 await self.api.close_all()
 
-        asyncio.run(main())
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            exc.__traceback__ = _without_asyncio(exc.__traceback__)
+            raise
+
+
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__)
+
+
+def _without_asyncio(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without the event loop's own frames: a failed check reads as
+    the check, not as ``runners.py``/``tasks.py``/``base_events.py``."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_ASYNCIO_DIR):
+            kept.append(tb)
+        tb = tb.tb_next
+    for here, after in zip(kept, [*kept[1:], None], strict=True):
+        here.tb_next = after
+    return kept[0] if kept else None
 
 
 async def eventually(

@@ -12,9 +12,11 @@
 # stops it when the last user stops. Pair each `start` with one `stop` (scripts/test
 # does so in a trap).
 #
-# The server gets its own config and a fresh data dir under $MULTILOCK_ZK_DIR
-# (default: a directory in $TMPDIR), listens on loopback only, has the admin server
-# disabled and whitelists the four-letter words used here and by the tests. A short
+# The server gets its own config and a fresh data dir under $MULTILOCK_ZK_DIR (default:
+# a directory in $TMPDIR), listens on loopback only, has the admin server disabled and
+# whitelists the four-letter words used here and by the tests. MULTILOCK_ZK_PORT picks
+# another port; MULTILOCK_ZK_KEEP_DATA=1 keeps the data across stop/start (fault tests
+# restart a private server with its sessions). A short
 # tickTime lets tests ask for session timeouts down to 2 x tickTime = 400 ms;
 # maxSessionTimeout is raised so multilock's 10 s default is not clamped.
 set -euo pipefail
@@ -24,6 +26,7 @@ STATE="${MULTILOCK_ZK_DIR:-${TMPDIR:-/tmp}/multilock-zookeeper-$(id -u)}"
 PIDFILE="$STATE/zookeeper.pid"
 JAR=/usr/share/java/zookeeper.jar
 WAIT_SECONDS="${MULTILOCK_ZK_WAIT:-60}"
+KEEP_DATA="${MULTILOCK_ZK_KEEP_DATA:-0}" # 1: restart on the same data (fault tests)
 
 log() { echo "zookeeper.sh: $*" >&2; }
 
@@ -60,7 +63,9 @@ install_zookeeper() {
 
 write_config() {
     mkdir -p "$STATE"
-    rm -rf "$STATE/data"
+    if [ "$KEEP_DATA" != 1 ]; then
+        rm -rf "$STATE/data"
+    fi
     mkdir -p "$STATE/data"
     cat >"$STATE/zoo.cfg" <<EOF
 tickTime=200
@@ -173,7 +178,9 @@ kill_server() {
     done
     log "stopped ZooKeeper $pid"
     rm -f "$PIDFILE" "$STATE/users"
-    rm -rf "$STATE/data"
+    if [ "$KEEP_DATA" != 1 ]; then
+        rm -rf "$STATE/data"
+    fi
 }
 
 case "${1:-}" in

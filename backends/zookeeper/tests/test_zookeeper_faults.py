@@ -1,0 +1,145 @@
+"""Faults on a private ZooKeeper: the server goes down and comes back, or restarts.
+
+Nothing here touches the shared server: each test gets its own standalone
+ZooKeeper on a free port, run by the repository's ``scripts/zookeeper.sh`` (the
+test skips when that script is not there, as in an installed sdist), which it
+stops and restarts at will.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import multilock
+from multilock.errors import BackendUnavailable
+from multilock.testing import require_backends
+
+pytestmark = pytest.mark.faults
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "zookeeper.sh"
+CONNECT_TIMEOUT = 1.0
+PROMPT = CONNECT_TIMEOUT + 1.5  # what a failing call may take on a loaded machine
+BOUND = 15.0
+
+
+class PrivateZooKeeper:
+    """One standalone server of our own: ``start()``, ``stop()``, ``url``."""
+
+    def __init__(self, state: Path, *, keep_data: bool) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.env = {
+            **os.environ,
+            "MULTILOCK_ZK_PORT": str(self.port),
+            "MULTILOCK_ZK_DIR": str(state),
+            "MULTILOCK_ZK_KEEP_DATA": "1" if keep_data else "0",
+        }
+
+    @property
+    def url(self) -> str:
+        return f"zookeeper://127.0.0.1:{self.port}/faults"
+
+    def _run(self, command: str) -> None:
+        subprocess.run(
+            ["bash", str(SCRIPT), command], env=self.env, check=True, capture_output=True
+        )
+
+    def start(self) -> None:
+        self._run("start")
+
+    def stop(self) -> None:
+        self._run("stop")
+
+
+@pytest.fixture
+def private_zookeeper(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., PrivateZooKeeper]]:
+    """``private_zookeeper(keep_data=False)``: a started server, stopped after the test.
+
+    Restart with ``keep_data=True``: a server that comes back *without* its data
+    refuses clients that have seen a later zxid (ZooKeeper's own rule against
+    going back in time), so such a restart is a new ensemble, not a fault.
+    """
+    if not SCRIPT.exists():
+        pytest.skip("scripts/zookeeper.sh is not here (not a checkout of the repository)")
+    servers: list[PrivateZooKeeper] = []
+
+    def make(*, keep_data: bool = False) -> PrivateZooKeeper:
+        server = PrivateZooKeeper(tmp_path / f"zk{len(servers)}", keep_data=keep_data)
+        servers.append(server)
+        try:
+            server.start()
+        except subprocess.CalledProcessError as exc:
+            message = f"cannot start a private ZooKeeper: {exc.stderr.decode()[-500:]}"
+            if require_backends(request.config):
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def poll(what: str, probe: Callable[[], Any], within: float = BOUND) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            result = probe()
+        except BackendUnavailable:
+            result = None
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still not true after {within:g} s")
+        time.sleep(0.05)
+
+
+def test_server_down_loses_the_lease_raises_promptly_then_recovers(
+    private_zookeeper: Callable[..., PrivateZooKeeper],
+) -> None:
+    server = private_zookeeper(keep_data=True)
+    url = f"{server.url}?connect_timeout={CONNECT_TIMEOUT}&session_timeout=4s"
+    with multilock.connect(url) as locker:
+        # A JVM just started can be slow to open the first session on a busy machine.
+        lease = poll("the first acquire", lambda: locker.try_acquire("job"))
+        server.stop()
+        assert lease.lost.wait(BOUND), "lost did not fire when the server went down"
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="connecting within"):
+            locker.try_acquire("job")
+        assert time.monotonic() - start < PROMPT
+        server.start()  # with its data: our session lives on, and so does the node we gave up
+        # The locker deletes the node it gave up (suspended=lost) once reconnected.
+        again = poll("re-acquiring after the server came back", lambda: locker.try_acquire("job"))
+        assert again.fencing_token > lease.fencing_token
+        assert lease.release() is False
+        assert again.release() is True
+
+
+def test_a_restart_within_the_session_keeps_the_lease_with_suspended_keep(
+    private_zookeeper: Callable[..., PrivateZooKeeper],
+) -> None:
+    server = private_zookeeper(keep_data=True)
+    url = f"{server.url}?connect_timeout={CONNECT_TIMEOUT}&session_timeout=20s&suspended=keep"
+    with multilock.connect(url) as locker, multilock.connect(url) as other:
+        # A JVM just started can be slow to open the first session on a busy machine.
+        lease = poll("the first acquire", lambda: locker.try_acquire("job"))
+        server.stop()
+        server.start()
+        poll("the session back", lambda: locker.locks())  # type: ignore[attr-defined]
+        assert not lease.lost.is_set()
+        lease.extend()  # still our node, same czxid
+        assert other.try_acquire("job") is None
+        assert lease.release() is True
+        assert poll("the lock free", lambda: other.try_acquire("job")) is not None

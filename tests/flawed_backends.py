@@ -9,6 +9,8 @@ it is the control, a TTL backend that must pass the whole suite):
 * ``uncancellable``: the async release is not shielded, so a cancellation that
   lands while it is in flight leaves the lock held.
 * ``blinddelete``: release deletes the key whoever holds it (no compare-and-delete).
+* ``leaky``: an async acquire cancelled after the server granted it, while the
+  reply is still on its way, drops the lease on the floor: the lock stays held.
 * ``nohooks``: declares LOST_SIGNAL but ships no ConformanceHooks to prove it.
 
 :func:`register` registers them all with :func:`multilock.register_backend`;
@@ -27,6 +29,7 @@ from multilock.backend import (
     AsyncLeaseBase,
     AsyncLockerBase,
     Capability,
+    Duration,
     LeaseBase,
     LockerBase,
     LockURL,
@@ -38,7 +41,7 @@ from multilock.errors import NotOwner
 
 __all__ = ["FLAWS", "FlawedBackend", "register"]
 
-FLAWS = ("sound", "reentrant", "blocking", "uncancellable", "blinddelete", "nohooks")
+FLAWS = ("sound", "reentrant", "blocking", "uncancellable", "blinddelete", "leaky", "nohooks")
 _OPTIONS = OptionParser({"ttl": as_duration}, {"ttl": 30.0})
 _BLOCK_AT_MOST = 3.5  # a blocking try_acquire gives up eventually, so broken runs end
 
@@ -190,10 +193,18 @@ class _AsyncLocker(_Common, AsyncLockerBase):
         self.flaw = flaw
         super().__init__(url, default_ttl=self._setup(url))
 
+    async def try_acquire(self, name: str, *, ttl: Duration | None = None) -> AsyncLeaseBase | None:
+        """The kit's acquire -- except that ``leaky`` skips its undo-on-cancel."""
+        if self.flaw != "leaky":
+            return await super().try_acquire(name, ttl=ttl)
+        return await self._try_acquire(self._check(name), self._ttl(ttl))
+
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         deadline = time.monotonic() + _BLOCK_AT_MOST
         while True:
             lease: AsyncLeaseBase | None = self._grant(name, ttl, _AsyncLease)
+            if self.flaw == "leaky":
+                await asyncio.sleep(0.002)  # granted; the reply is still on the wire
             if lease is not None or self.flaw != "blocking" or time.monotonic() > deadline:
                 return lease
             await asyncio.sleep(0.01)

@@ -81,6 +81,14 @@ def test_blind_delete_fails_stale_holder_check(pytester: pytest.Pytester) -> Non
     }
 
 
+def test_acquire_without_undo_fails_in_flight_cancellation_check(
+    pytester: pytest.Pytester,
+) -> None:
+    """An async acquire that drops a lease granted while it was being cancelled: caught."""
+    failed, _ = _failed(pytester, "leaky://x", "-k", "cancel")
+    assert failed == {"test_cancelled_acquire_leaks_nothing[async]"}
+
+
 def test_declared_promise_without_hooks_fails(pytester: pytest.Pytester) -> None:
     """LOST_SIGNAL declared but no hooks to prove it: a failure, never a skip."""
     failed, _ = _failed(pytester, "nohooks://x", "-k", "lost_signal")

@@ -135,6 +135,17 @@ def test_releasing_a_lost_lease_while_redis_is_down_does_not_raise(
         throwaway_redis.start()
 
 
+def test_close_with_redis_down_warns_and_does_not_raise(
+    throwaway_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    locker = multilock.connect(_url(throwaway_redis))
+    lease = _held(locker.try_acquire("left-behind"))
+    throwaway_redis.stop()
+    locker.close()
+    assert not lease.held
+    assert any("stay until their ttl runs out" in r.getMessage() for r in caplog.records)
+
+
 def test_restart_loses_the_leases_and_the_locker_recovers(throwaway_redis: Any) -> None:
     with multilock.connect(_url(throwaway_redis, ttl=TTL)) as locker:
         lease = _held(locker.try_acquire("restarted"))

@@ -81,6 +81,12 @@ def test_try_acquire_many_is_one_round_trip(locker: RedisLocker, name: str) -> N
     assert held is not None
 
 
+def test_try_acquire_many_of_nothing_asks_nothing(locker: RedisLocker) -> None:
+    sent = _count_round_trips(locker._client)
+    assert locker.try_acquire_many([]) == {}
+    assert sent == []
+
+
 def test_fencing_token_is_the_counter_and_increases(
     locker: RedisLocker, admin: redis.Redis, name: str
 ) -> None:

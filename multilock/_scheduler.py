@@ -124,9 +124,9 @@ class Scheduler(Service):
     ) -> None:
         if lock is None:
             lock = "file://" + str(default_directory())
+        self._url = lock if isinstance(lock, str) else None
         if isinstance(lock, str):
             self._locker = connect_async(lock)
-            self._owns_locker = True
         else:
             if not inspect.iscoroutinefunction(getattr(lock, "try_acquire_many", None)):
                 raise ConfigurationError(
@@ -134,7 +134,6 @@ class Scheduler(Service):
                     " (multilock.connect_async(url)), not a sync one"
                 )
             self._locker = lock
-            self._owns_locker = False
         if coordination not in ("lock", "leader"):
             raise ConfigurationError(
                 f"invalid coordination {coordination!r} (expected 'lock' or 'leader')"
@@ -291,8 +290,11 @@ class Scheduler(Service):
             await self._release(lease)
         if self._leadership is not None:
             await self._leadership.release()
-        if self._owns_locker:
+        if self._url is not None:
             await self._locker.aclose()
+            self._locker = connect_async(self._url)  # connects lazily, if started again
+            if self._leadership is not None:
+                self._leadership.locker = self._locker
         self._loop = None
         log.info("scheduler stopped", extra={"replica_id": self.replica_id})
 

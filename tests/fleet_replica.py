@@ -1,7 +1,8 @@
 """One replica of the fleet test: a Scheduler in its own process, with a skewed clock.
 
-Usage: ``python fleet_replica.py URL PREFIX JOBS OFFSET RECORD REPLICA_ID SKEW GRACE TTL``
-(the last three: skew_tolerance, misfire_grace and lease_ttl in seconds). It
+Usage: ``python fleet_replica.py URL PREFIX JOBS OFFSET RECORD REPLICA_ID COORDINATION
+SKEW GRACE TTL POLL`` (coordination ``lock`` or ``leader``; then skew_tolerance,
+misfire_grace, lease_ttl and leader_poll in seconds). It
 registers ``JOBS`` jobs ``PREFIX-<i>`` firing every second; each run appends
 ``<job> <fire time in ms> <replica>`` to RECORD (O_APPEND: one write per line).
 It prints ``ready`` once its lock backend is connected and the scheduler has
@@ -20,7 +21,14 @@ import multilock
 
 
 async def replica(
-    url: str, prefix: str, jobs: int, offset: float, fd: int, name: str, timing: list[float]
+    url: str,
+    prefix: str,
+    jobs: int,
+    offset: float,
+    fd: int,
+    name: str,
+    coordination: str,
+    timing: list[float],
 ) -> None:
     """Schedule the fleet's jobs until SIGTERM."""
 
@@ -33,9 +41,12 @@ async def replica(
         probe = await locker.try_acquire(f"{prefix}-probe-{name}")  # connected now
         assert probe is not None
         await probe.release()
-        skew, grace, ttl = timing
+        skew, grace, ttl, poll = timing
         scheduler = multilock.Scheduler(
             locker,
+            coordination="leader" if coordination == "leader" else "lock",
+            leader_name=f"{prefix}-leader",
+            leader_poll=poll,
             skew_tolerance=skew,
             misfire_grace=grace,
             lease_ttl=ttl,
@@ -53,12 +64,13 @@ async def replica(
 
 def main(argv: list[str]) -> None:
     """Run one replica (see the module docstring for the arguments)."""
-    url, prefix, jobs, offset, record, name, *timing = argv
+    url, prefix, jobs, offset, record, name, coordination, *timing = argv
     logging.basicConfig(level=logging.WARNING, format=f"{name} %(levelname)s %(message)s")
     fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         timings = [float(value) for value in timing]
-        asyncio.run(replica(url, prefix, int(jobs), float(offset), fd, name, timings))
+        run = replica(url, prefix, int(jobs), float(offset), fd, name, coordination, timings)
+        asyncio.run(run)
     finally:
         os.close(fd)
 

@@ -31,6 +31,7 @@ TICKS = 22
 SKEW_TOLERANCE = 0.9  # above the 0.6 s clock spread, below the 1 s interval
 MISFIRE_GRACE = 0.25  # lateness + spread must stay below the tolerance
 LEASE_TTL = 1.0  # on TTL backends, a killed replica's leases end soon after their hold
+LEADER_POLL = 0.25  # leader mode: how often followers try to take the lead
 KILL_AFTER = 5  # ticks into the window
 TICKS_AFTER_RECOVERY = 5
 READY_TIMEOUT = 30.0
@@ -42,8 +43,9 @@ ZOOKEEPER_SESSION = "session_timeout=4s"
 class Fleet:
     """Three replica processes and their run records."""
 
-    def __init__(self, url: str, workdir: Path) -> None:
+    def __init__(self, url: str, workdir: Path, coordination: str) -> None:
         self.url = url
+        self.coordination = coordination
         self.prefix = f"fleet-{uuid.uuid4().hex[:8]}"
         self.records = [workdir / f"replica-{i}.log" for i in range(len(OFFSETS))]
         self.logs = [workdir / f"replica-{i}.stderr" for i in range(len(OFFSETS))]
@@ -51,9 +53,9 @@ class Fleet:
 
     def start(self) -> None:
         for i, offset in enumerate(OFFSETS):
-            timing = (SKEW_TOLERANCE, MISFIRE_GRACE, LEASE_TTL)
+            timing = (SKEW_TOLERANCE, MISFIRE_GRACE, LEASE_TTL, LEADER_POLL)
             argv = [self.url, self.prefix, str(JOBS), str(offset), str(self.records[i]), f"r{i}"]
-            argv += [str(value) for value in timing]
+            argv += [self.coordination, *(str(value) for value in timing)]
             with self.logs[i].open("w") as log:  # a file, not a pipe nobody drains
                 self.procs.append(
                     subprocess.Popen(
@@ -100,6 +102,27 @@ class Fleet:
                 counted[(job, int(fire_ms))] += 1
         return counted
 
+    def ticks_by_replica(self) -> list[list[int]]:
+        """The fire times (ms) each replica ran, from its record."""
+        return [
+            [int(line.split(" ")[1]) for line in record.read_text().splitlines()]
+            if record.exists()
+            else []
+            for record in self.records
+        ]
+
+    def latest_runner(self) -> int:
+        """The replica that ran the latest tick so far (in leader mode: the leader)."""
+        ran = self.ticks_by_replica()
+        return max(range(len(ran)), key=lambda i: max(ran[i], default=-1))
+
+    def runners(self, first: int, last: int) -> set[int]:
+        """The replicas that ran a tick in [first, last) (seconds)."""
+        ran = self.ticks_by_replica()
+        return {
+            i for i, ticks in enumerate(ran) if any(first * 1000 <= t < last * 1000 for t in ticks)
+        }
+
     def expected(self, first: int, last: int) -> set[tuple[str, int]]:
         """Every (job, tick in ms) with first <= tick (s) < last."""
         return {(f"{self.prefix}-{j}", t * 1000) for j in range(JOBS) for t in range(first, last)}
@@ -117,24 +140,30 @@ def _recovery(url: str) -> float:
     hooks = backend_for(parsed.scheme).conformance
     assert hooks is not None, f"{parsed.scheme}:// ships no conformance hooks"
     longest_ttl = SKEW_TOLERANCE + LEASE_TTL  # a lease's ttl: the hold, then the margin
-    return hooks.crash_release_bound(parsed, longest_ttl) + SKEW_TOLERANCE + 1.0
+    # Leader mode adds the followers' poll, and a new leader skips the ticks within
+    # skew_tolerance of taking over.
+    return hooks.crash_release_bound(parsed, longest_ttl) + SKEW_TOLERANCE + LEADER_POLL + 1.0
 
 
-def _run_fleet(url: str, workdir: Path, ticks: int, kill_after: int | None) -> None:
-    fleet = Fleet(url, workdir)
+def _run_fleet(
+    url: str, workdir: Path, ticks: int, kill_after: int | None, coordination: str = "lock"
+) -> None:
+    fleet = Fleet(url, workdir, coordination)
     fleet.start()
+    victim = None
     try:
         first = math.ceil(time.time() + 1.5)  # every replica is scheduling by then
         last = first + ticks
         killed_at = None
         if kill_after is not None:
             _sleep_until(first + kill_after + 0.45)  # mid-way between ticks
-            fleet.procs[1].send_signal(signal.SIGKILL)
+            victim = fleet.latest_runner() if coordination == "leader" else 1
+            fleet.procs[victim].send_signal(signal.SIGKILL)
             killed_at = time.time()
         _sleep_until(last + 1.5)  # the last tick's latest replica has fired
     finally:
         codes = fleet.stop()
-    survivors = [c for i, c in enumerate(codes) if kill_after is None or i != 1]
+    survivors = [c for i, c in enumerate(codes) if i != victim]
     assert survivors == [0] * len(survivors), [fleet.stderr(i) for i in range(3)]
 
     runs = fleet.runs()
@@ -147,6 +176,12 @@ def _run_fleet(url: str, workdir: Path, ticks: int, kill_after: int | None) -> N
         # A tick whose body the kill interrupted may be lost (at most once on a crash).
         recovered = math.ceil(killed_at + _recovery(url))
         must_run = fleet.expected(first, math.floor(killed_at)) | fleet.expected(recovered, last)
+    if coordination == "leader" and killed_at is not None:
+        before = fleet.runners(first, math.floor(killed_at))
+        after = fleet.runners(math.ceil(killed_at + _recovery(url)), last)
+        assert before == {victim}, f"only the leader r{victim} should run, not {before}"
+        assert len(after) == 1, f"one new leader should run the jobs, not {after}"
+        assert victim not in after
     missing = sorted(must_run - set(runs))
     assert not missing, f"{len(missing)} of {len(must_run)} (job, tick) never ran: {missing[:10]}"
 
@@ -169,3 +204,17 @@ def test_fleet_survives_a_killed_replica(fleet_url: str, tmp_path: Path) -> None
     """SIGKILL one replica mid-way: no duplicates, and the others keep every later tick."""
     ticks = KILL_AFTER + math.ceil(_recovery(fleet_url)) + TICKS_AFTER_RECOVERY
     _run_fleet(fleet_url, tmp_path, ticks, kill_after=KILL_AFTER)
+
+
+@pytest.mark.parametrize("server", ["file", "postgres"])
+def test_fleet_in_leader_mode_fails_over(
+    server: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Leader mode, same fleet: only the leader runs; SIGKILL it and another takes over.
+
+    Run on the session-bound backends only, to keep CI time down: the per-job lock
+    variants above already cover every backend's leases.
+    """
+    url: str = request.getfixturevalue(f"{server}_url")
+    ticks = KILL_AFTER + math.ceil(_recovery(url)) + TICKS_AFTER_RECOVERY
+    _run_fleet(url, tmp_path, ticks, kill_after=KILL_AFTER, coordination="leader")

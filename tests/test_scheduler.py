@@ -593,6 +593,23 @@ def test_shutdown_waits_for_running_jobs_then_cancels_and_releases() -> None:
     assert events.fires(EventKind.SUCCEEDED) == [10]
 
 
+def test_a_stopped_scheduler_starts_again() -> None:
+    url, clock, events = namespace(), manual(), Events()
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(nothing, every(seconds=10), name="job")
+        for tick in (10, 20):
+            async with sched:
+                clock.set(T0 + tick)
+                await settle()
+                clock.set(T0 + tick + 1)
+                await settle()
+
+    asyncio.run(scenario())
+    assert events.fires(EventKind.SUCCEEDED) == [10, 20]
+
+
 def test_background_thread_for_sync_applications() -> None:
     url = namespace()
     runs: list[float] = []

@@ -24,9 +24,10 @@ from ._registry import connect_async
 from ._runs import await_lost, supervise, wait_quietly
 from ._service import Service
 from ._signal import LostSignal
+from ._sync_adapter import AsyncView
 from ._triggers import Trigger
 from ._walltime import as_timezone
-from .abc import AsyncDistributedLock, AsyncLease
+from .abc import AsyncDistributedLock, AsyncLease, DistributedLock
 from .errors import ConfigurationError
 
 __all__ = ["Scheduler"]
@@ -89,8 +90,10 @@ class _Due:
 class Scheduler(Service):
     """Runs jobs on triggers; a distributed job runs once per tick across all replicas.
 
-    ``lock`` is a lock URL, an async locker (``multilock.connect_async(...)``),
-    or ``None`` for ``file://`` in a per-user directory (replicas on one host).
+    ``lock`` is a lock URL, a locker (``multilock.connect_async(...)``, or a
+    sync one from ``multilock.connect(...)``, used from a worker thread), or
+    ``None`` for ``file://`` in a per-user directory (replicas on one host).
+    A locker given is not closed by the scheduler.
     ``timezone`` (default UTC, never the host's) reads calendar triggers.
     ``skew_tolerance``: how long after a tick its lease is kept, so that a
     replica firing late skips it; must be shorter than every distributed job's
@@ -106,7 +109,7 @@ class Scheduler(Service):
 
     def __init__(
         self,
-        lock: str | AsyncDistributedLock | None = None,
+        lock: str | AsyncDistributedLock | DistributedLock | None = None,
         *,
         timezone: str = "UTC",
         skew_tolerance: Duration = 1.0,
@@ -124,16 +127,8 @@ class Scheduler(Service):
     ) -> None:
         if lock is None:
             lock = "file://" + str(default_directory())
-        self._url = lock if isinstance(lock, str) else None
-        if isinstance(lock, str):
-            self._locker = connect_async(lock)
-        else:
-            if not inspect.iscoroutinefunction(getattr(lock, "try_acquire_many", None)):
-                raise ConfigurationError(
-                    "Scheduler(lock=...) takes a URL or an async locker"
-                    " (multilock.connect_async(url)), not a sync one"
-                )
-            self._locker = lock
+        self._source = lock
+        self._locker = self._make_locker()
         if coordination not in ("lock", "leader"):
             raise ConfigurationError(
                 f"invalid coordination {coordination!r} (expected 'lock' or 'leader')"
@@ -290,13 +285,27 @@ class Scheduler(Service):
             await self._release(lease)
         if self._leadership is not None:
             await self._leadership.release()
-        if self._url is not None:
+        if self._locker is not self._source:  # made here: ours to close
             await self._locker.aclose()
-            self._locker = connect_async(self._url)  # connects lazily, if started again
+            self._locker = self._make_locker()  # connects lazily, if started again
             if self._leadership is not None:
                 self._leadership.locker = self._locker
         self._loop = None
         log.info("scheduler stopped", extra={"replica_id": self.replica_id})
+
+    def _make_locker(self) -> AsyncDistributedLock:
+        source = self._source
+        if isinstance(source, str):
+            return connect_async(source)
+        acquire = getattr(source, "try_acquire_many", None)
+        if inspect.iscoroutinefunction(acquire):
+            return source  # type: ignore[return-value]
+        if callable(acquire):
+            return AsyncView(source)  # type: ignore[arg-type]
+        raise ConfigurationError(
+            f"Scheduler(lock=...) takes a URL or a locker (multilock.connect_async(url) or"
+            f" multilock.connect(url)), not {type(source).__name__}"
+        )
 
     def __repr__(self) -> str:
         return (

@@ -72,10 +72,12 @@ class Events:
         return [e.fire_time.timestamp() - T0 for e in self.of(kind)]
 
 
-def scheduler(url: str, clock: multilock.Clock, events: Events, **options: object) -> Scheduler:
-    """A scheduler on ``url`` with metrics off and ``events`` listening."""
+def scheduler(
+    lock: str | multilock.DistributedLock, clock: multilock.Clock, events: Events, **options: object
+) -> Scheduler:
+    """A scheduler on ``lock`` with metrics off and ``events`` listening."""
     options.setdefault("stop_timeout", 2)  # a lease hold left pending at exit costs this
-    made = Scheduler(url, clock=clock, metrics=False, **options)  # type: ignore[arg-type]
+    made = Scheduler(lock, clock=clock, metrics=False, **options)  # type: ignore[arg-type]
     made.add_listener(events)
     return made
 
@@ -333,10 +335,32 @@ def test_registration_refuses_duplicates_and_colliding_keys(
 
 def test_the_lock_argument() -> None:
     assert Scheduler(metrics=False).__repr__().startswith("<Scheduler file:///")
-    with pytest.raises(ConfigurationError, match="not a sync one"):
-        Scheduler(multilock.connect("memory://x"), metrics=False)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="a URL or an async locker"):
+    with pytest.raises(ConfigurationError, match="takes a URL or a locker"):
         Scheduler(object(), metrics=False)  # type: ignore[arg-type]
+
+
+def test_a_sync_locker_is_used_from_a_worker_thread() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    tokens: list[int | None] = []
+
+    async def job() -> None:
+        tokens.append(current_run().fencing_token)
+
+    with multilock.connect(url) as locker:
+
+        async def scenario() -> None:
+            sched = scheduler(locker, clock, events)
+            sched.add_job(job, every(seconds=10), name="job")
+            async with sched:
+                clock.set(T0 + 10)
+                await until(lambda: held_names(url) == ["job"], "the lease is taken")
+                clock.set(T0 + 11)
+                await until(lambda: held_names(url) == [], "the lease is released")
+
+        asyncio.run(scenario())
+        assert locker.try_acquire("still-open") is not None  # not closed by the scheduler
+    assert events.fires(EventKind.SUCCEEDED) == [10]
+    assert isinstance(tokens[0], int)
 
 
 # --- several replicas ------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""A sync locker (``multilock.connect(url)``) seen through the async contract, so that
+the scheduler can use one an application already has."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from ._base import finish_shielded
+from ._durations import Duration
+from ._signal import LostSignal
+from .abc import Capability, DistributedLock, Lease
+
+__all__ = ["AsyncView"]
+
+T = TypeVar("T")
+
+
+class AsyncView:
+    """An :class:`~multilock.abc.AsyncDistributedLock` over a sync locker.
+
+    Every call runs on one worker thread of its own, in order: a sync locker
+    need not be safe to call from several threads at once.
+    """
+
+    def __init__(self, locker: DistributedLock) -> None:
+        self.locker = locker
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="multilock-sync-locker")
+
+    async def _call(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, functools.partial(func, *args, **kwargs))
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """The sync locker's."""
+        return self.locker.capabilities
+
+    @property
+    def url(self) -> str:
+        """The sync locker's (password masked)."""
+        return self.locker.url
+
+    async def try_acquire(self, name: str, *, ttl: Duration | None = None) -> AsyncLeaseView | None:
+        """``try_acquire`` on the worker thread."""
+        lease = await self._call(self.locker.try_acquire, name, ttl=ttl)
+        return None if lease is None else AsyncLeaseView(lease, self)
+
+    async def try_acquire_many(
+        self, names: Iterable[str], *, ttl: Duration | None = None
+    ) -> Mapping[str, AsyncLeaseView | None]:
+        """``try_acquire_many`` on the worker thread."""
+        leases = await self._call(self.locker.try_acquire_many, list(names), ttl=ttl)
+        return {
+            n: None if lease is None else AsyncLeaseView(lease, self) for n, lease in leases.items()
+        }
+
+    async def aclose(self) -> None:
+        """Stop the worker thread; the sync locker stays open (it belongs to the caller)."""
+        self._thread.shutdown(wait=True)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncLeaseView:
+    """A sync :class:`~multilock.abc.Lease` seen as an async one."""
+
+    def __init__(self, lease: Lease, view: AsyncView) -> None:
+        self.lease = lease
+        self._view = view
+
+    @property
+    def name(self) -> str:
+        """The lock name."""
+        return self.lease.name
+
+    @property
+    def key(self) -> str | int:
+        """The backend's key."""
+        return self.lease.key
+
+    @property
+    def token(self) -> str:
+        """The owner token."""
+        return self.lease.token
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token, where the backend has one."""
+        return self.lease.fencing_token
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the lease ends unless extended."""
+        return self.lease.expires_at
+
+    @property
+    def lost(self) -> LostSignal:
+        """The sync lease's own signal (it is awaitable)."""
+        return self.lease.lost
+
+    @property
+    def held(self) -> bool:
+        """Neither released nor lost."""
+        return self.lease.held
+
+    async def extend(self, ttl: Duration | None = None) -> None:
+        """``extend`` on the worker thread."""
+        await self._view._call(self.lease.extend, ttl)
+
+    async def release(self) -> bool:
+        """``release`` on the worker thread, finished even if the caller is cancelled."""
+        return await finish_shielded(self._view._call(self.lease.release))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.release()

@@ -11,6 +11,7 @@ fails the check that hung instead of hanging the test run.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import suppress
@@ -119,6 +120,10 @@ class Api:
         """Enter ``lease`` as a context manager and raise ``exc`` inside it."""
         raise NotImplementedError
 
+    async def locks(self, locker: Any) -> list[Any]:
+        """``locker.locks()`` (INTROSPECTION backends)."""
+        raise NotImplementedError
+
     async def close_all(self) -> None:
         """Close every locker this API opened (errors ignored: the check has its verdict)."""
         for locker in reversed(self._lockers):
@@ -179,6 +184,11 @@ class SyncApi(Api):
 
         await self._call("with lease:", body)
 
+    async def locks(self, locker: Any) -> list[Any]:
+        """``locker.locks()`` in a thread."""
+        found: list[Any] = await self._call("locks()", locker.locks)
+        return found
+
 
 class AsyncApi(Api):
     """Drives ``multilock.connect_async`` lockers by awaiting their methods."""
@@ -226,6 +236,13 @@ class AsyncApi(Api):
                 raise exc
 
         await _bounded("async with lease:", body())
+
+    async def locks(self, locker: Any) -> list[Any]:
+        """``locker.locks()``, awaited where the async locker makes it a coroutine."""
+        found = locker.locks()
+        if inspect.isawaitable(found):
+            found = await _bounded("locks()", found)
+        return list(found)
 
 
 def make_api(kind: str, url: str) -> Api:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import multilock
-from multilock.abc import Capability
+from multilock.abc import Capability, LockInfo
 from multilock.errors import InvalidLockName, LockLost
 
-from ._harness import Harness
+from ._harness import Harness, eventually
 
 __all__ = [
     "AWKWARD_NAMES",
@@ -20,6 +20,7 @@ __all__ = [
     "capabilities_agree",
     "close_releases",
     "different_names_independent",
+    "introspection",
     "lease_attributes",
     "names_awkward",
     "release_idempotent",
@@ -263,6 +264,29 @@ async def try_acquire_many_large(h: Harness) -> None:
     await h.assert_held(names[-1], "after try_acquire_many granted it")
     for lease in result.values():
         assert await h.api.release(lease) is True
+
+
+async def introspection(h: Harness) -> None:
+    """INTROSPECTION: another locker's ``locks()`` lists a held lock, then no longer."""
+    h.requires(Capability.INTROSPECTION)
+    name = h.name("introspect")
+    holder, viewer = await h.api.connect(), await h.api.connect()
+    lease = await h.api.try_acquire(holder, name)
+    assert lease is not None
+
+    async def listed() -> bool:
+        found = await h.api.locks(viewer)
+        for info in found:
+            assert isinstance(info, LockInfo), f"locks() gave a {type(info).__name__}"
+        return any(info.name == name or info.key == lease.key for info in found)
+
+    assert await listed(), f"locks() does not list {name!r} (key {lease.key!r}) while it is held"
+    assert await h.api.release(lease) is True
+
+    async def gone() -> bool:
+        return not await listed()
+
+    await eventually(f"{name!r} leaving locks() after its release", gone, 2.0)
 
 
 async def close_releases(h: Harness) -> None:

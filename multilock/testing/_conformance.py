@@ -101,6 +101,10 @@ class ConformanceTests:
         """BATCH: 200 names in one call."""
         multilock.run(basic.try_acquire_many_large)
 
+    def test_introspection_lists_held_locks(self, multilock: Harness) -> None:
+        """INTROSPECTION: locks() lists a held lock, and forgets it once released."""
+        multilock.run(basic.introspection)
+
     def test_close_releases_leases(self, multilock: Harness) -> None:
         """Closing a locker releases its leases; their stale release is a no-op."""
         multilock.run(basic.close_releases)

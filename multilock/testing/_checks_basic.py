@@ -106,8 +106,10 @@ async def lease_attributes(h: Harness) -> None:
         assert now - slack < first.expires_at <= now + timedelta(seconds=ttl) + slack, (
             f"expires_at {first.expires_at} is not about {ttl} s from now ({now})"
         )
-    elif first.expires_at is not None:
-        assert first.expires_at.tzinfo is not None, "expires_at must be timezone-aware (UTC)"
+    elif h.has(Capability.SESSION):
+        assert first.expires_at is None, (
+            f"a session-bound lease (SESSION without TTL) has expires_at={first.expires_at}"
+        )
     assert first.held
     assert not first.lost.is_set()
     await h.api.extend(first)  # a held lease extends without error (a no-op when session-bound)

@@ -21,6 +21,7 @@ import multilock._scheduler
 from multilock import EventKind, JobEvent, ManualClock, Scheduler, current_run, every
 from multilock._jobs import Overlap
 from multilock._memory import AsyncMemoryLocker
+from multilock._scheduler import _JobState
 from multilock.abc import AsyncLease
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, ConfigurationError
@@ -315,6 +316,42 @@ def test_default_misfire_grace_drops_a_tick_after_a_long_pause() -> None:
     asyncio.run(scenario())
     assert events.fires(EventKind.MISSED) == [10]
     assert events.of(EventKind.STARTED) == []
+
+
+def test_the_next_tick_takes_over_a_lease_still_held() -> None:
+    """The hand-over rule, on the job state itself: under load the next tick can be due
+    before the previous tick's hold ended; it then runs under that lease."""
+    url = namespace()
+    job = Scheduler(url, clock=manual(), metrics=False).add_job(nothing, every(seconds=10))
+
+    def ready(state: _JobState) -> bool:
+        return state.ready  # read through a call: each assert sees the state anew
+
+    async def scenario() -> None:
+        state = _JobState(job)
+        state.settle()
+        assert ready(state)
+        async with multilock.connect_async(url) as locker:
+            lease = await locker.try_acquire("job")
+            assert lease is not None
+            state.claim()
+            assert not ready(state)  # the body runs
+            state.running = False
+            state.holding = lease  # the hold phase
+            assert ready(state)
+            changed = state.changed
+            assert state.take_hold() is lease
+            assert changed.is_set()  # the old hold is woken, and finds the lease gone
+            assert not ready(state)  # the next tick's run is under way
+            assert state.holding is None
+            state.running = False
+            state.holding = lease
+            AsyncMemoryLocker(LockURL.parse(url)).revoke("job")
+            assert not ready(state)  # a lost lease is not handed over: wait for its run to end
+            assert state.take_hold() is None
+            assert state.holding is lease
+
+    asyncio.run(scenario())
 
 
 def test_registration_refuses_duplicates_and_colliding_keys(

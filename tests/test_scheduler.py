@@ -343,7 +343,7 @@ def test_the_next_tick_takes_over_a_lease_still_held() -> None:
             assert state.take_hold() is lease
             assert changed.is_set()  # the old hold is woken, and finds the lease gone
             assert not ready(state)  # the next tick's run is under way
-            assert state.holding is None
+            assert state.take_hold() is None  # and nothing is left to take
             state.running = False
             state.holding = lease
             AsyncMemoryLocker(LockURL.parse(url)).revoke("job")

@@ -7,13 +7,12 @@ import asyncio
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from ._base import finish_shielded
+from ._base import AsyncLeaseBase
 from ._durations import Duration
-from ._signal import LostSignal
 from .abc import Capability, DistributedLock, Lease
 
 __all__ = ["AsyncView"]
@@ -73,60 +72,23 @@ class AsyncView:
         await self.aclose()
 
 
-class AsyncLeaseView:
-    """A sync :class:`~multilock.abc.Lease` seen as an async one."""
+class AsyncLeaseView(AsyncLeaseBase):
+    """A sync :class:`~multilock.abc.Lease` seen as an async one (the kit's lease base
+    gives the idempotent, cancellation-proof release)."""
+
+    __slots__ = ("_view", "lease")
 
     def __init__(self, lease: Lease, view: AsyncView) -> None:
+        super().__init__(lease.name, lease.key, lease.token, lease.fencing_token)
+        self.expires_at = lease.expires_at
         self.lease = lease
         self._view = view
+        lease.lost.add_callback(self.lost.set)  # a loss of the sync lease is ours
 
-    @property
-    def name(self) -> str:
-        """The lock name."""
-        return self.lease.name
+    async def _release(self) -> bool:
+        return await self._view._call(self.lease.release)
 
-    @property
-    def key(self) -> str | int:
-        """The backend's key."""
-        return self.lease.key
-
-    @property
-    def token(self) -> str:
-        """The owner token."""
-        return self.lease.token
-
-    @property
-    def fencing_token(self) -> int | None:
-        """The fencing token, where the backend has one."""
-        return self.lease.fencing_token
-
-    @property
-    def expires_at(self) -> datetime | None:
-        """When the lease ends unless extended."""
-        return self.lease.expires_at
-
-    @property
-    def lost(self) -> LostSignal:
-        """The sync lease's own signal (it is awaitable)."""
-        return self.lease.lost
-
-    @property
-    def held(self) -> bool:
-        """Neither released nor lost."""
-        return self.lease.held
-
-    async def extend(self, ttl: Duration | None = None) -> None:
-        """``extend`` on the worker thread."""
+    async def _extend(self, ttl: float | None) -> float | None:
         await self._view._call(self.lease.extend, ttl)
-
-    async def release(self) -> bool:
-        """``release`` on the worker thread, finished even if the caller is cancelled."""
-        return await finish_shielded(self._view._call(self.lease.release))
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.release()
+        expires = self.lease.expires_at
+        return None if expires is None else (expires - datetime.now(UTC)).total_seconds()

@@ -400,6 +400,26 @@ def test_a_sync_locker_is_used_from_a_worker_thread() -> None:
     assert isinstance(tokens[0], int)
 
 
+def test_a_sync_lockers_lost_lease_cancels_the_run() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    outcome: list[str] = []
+
+    with multilock.connect(url) as locker:
+
+        async def scenario() -> None:
+            sched = scheduler(locker, clock, events)
+            sched.add_job(blocked, every(seconds=60), name="guarded", args=(outcome,))
+            async with sched:
+                clock.set(T0 + 60)
+                await until(lambda: held_names(url) == ["guarded"], "the lease is taken")
+                AsyncMemoryLocker(LockURL.parse(url)).revoke("guarded", "connection killed")
+                await until(lambda: outcome == ["cancelled"], "the run is cancelled")
+
+        asyncio.run(scenario())
+    (lost,) = events.of(EventKind.LEASE_LOST)
+    assert lost.reason == "connection killed"
+
+
 # --- several replicas ------------------------------------------------------------------------
 
 

@@ -61,7 +61,7 @@ class AsyncView:
 
     async def aclose(self) -> None:
         """Stop the worker thread; the sync locker stays open (it belongs to the caller)."""
-        self._thread.shutdown(wait=True)
+        await asyncio.to_thread(self._thread.shutdown, wait=True)
 
     async def __aenter__(self) -> Self:
         return self

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from multilock import _registry
+
 pytest_plugins = ["pytester"]
 
 _QUIET = ("-p", "no:hypothesispytest", "-p", "no:cacheprovider")
@@ -34,9 +36,12 @@ def _failed(pytester: pytest.Pytester, url: str, *args: str) -> tuple[set[str], 
 
 
 @pytest.fixture(autouse=True)
-def _no_env_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No URLs from the outer environment; the schemes the inner runs register vanish
+    with the test (the inner runs share this process and its registry)."""
     monkeypatch.delenv("MULTILOCK_URL", raising=False)
     monkeypatch.delenv("MULTILOCK_REQUIRE_BACKENDS", raising=False)
+    monkeypatch.setattr(_registry, "_registered", dict(_registry._registered))
 
 
 def test_sound_ttl_backend_passes_whole_suite(pytester: pytest.Pytester) -> None:

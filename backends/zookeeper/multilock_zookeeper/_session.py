@@ -17,140 +17,33 @@ server already deleted them), and never re-created meanwhile.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Iterable
 from functools import partial
-from typing import Any, Protocol, TypeVar
-from urllib.parse import unquote
+from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
-from kazoo.security import Permissions, make_digest_acl_credential
 
 from multilock.abc import LockInfo
-from multilock.backend import LostSignal, new_token, quote_name
-from multilock.errors import ConfigurationError, LockLost, MultilockError, NotOwner
+from multilock.backend import new_token, quote_name
+from multilock.errors import LockLost, MultilockError, NotOwner
 
+from ._acl import acl_problem
+from ._batch import Batch, Create, Node
 from ._config import Config
 from ._errors import OUTCOME_UNKNOWN, unavailable
+from ._logs import kazoo_logger
+from ._records import lock_info, node_value
 
-__all__ = ["Batch", "Node", "Session"]
+__all__ = ["Session"]
 
 _log = logging.getLogger("multilock.zookeeper")
-_HOST = socket.gethostname()
 _PATH_CACHE = 4096
-_FOREIGN_PERMS = Permissions.CREATE | Permissions.DELETE | Permissions.WRITE | Permissions.ADMIN
-
-
-class _Lease(Protocol):
-    @property
-    def lost(self) -> LostSignal: ...
-
-
-L = TypeVar("L", bound=_Lease)
-
-
-@dataclass(eq=False, slots=True)
-class Node:
-    """A lock node we created: what releasing or checking it needs."""
-
-    name: str
-    path: str
-    token: str
-    czxid: int
-    """The creating transaction's zxid: the lease's fencing token."""
-    version: int
-    session_id: int
-    lease: Any = None
-    closed: bool = False
-    """Released by closing the session (which deletes every ephemeral node at once)."""
-
-
-class _Create:
-    __slots__ = ("name", "path", "result", "token")
-
-    def __init__(self, name: str, path: str, token: str, result: Any) -> None:
-        self.name = name
-        self.path = path
-        self.token = token
-        self.result = result  # None: refused locally (an orphan of ours still sits there)
-
-
-class Batch:
-    """Creates sent together (one round trip's worth of latency), to be awaited, then finished."""
-
-    __slots__ = ("_creates", "_session", "_session_id", "deadline")
-
-    def __init__(self, session: Session, creates: list[_Create], session_id: int) -> None:
-        self._session = session
-        self._creates = creates
-        self._session_id = session_id
-        self.deadline = session.deadline()
-
-    @property
-    def pending(self) -> list[Any]:
-        """The kazoo results to wait for."""
-        return [create.result for create in self._creates if create.result is not None]
-
-    def abandon(self) -> None:
-        """The caller stops waiting (cancelled): whatever the server grants is undone."""
-        for create in self._creates:
-            if create.result is not None:
-                self._session.orphan(create.path, None)
-
-    def finish(self, make: Callable[[Node], L]) -> dict[str, L | None]:
-        """Leases (made by ``make``) for the creates that won, ``None`` where the node existed.
-
-        Raises :class:`BackendUnavailable` if any create failed or did not answer
-        by the deadline; then nothing stays held (what was granted is deleted).
-        """
-        session = self._session
-        url = session.config.url
-        results: dict[str, L | None] = {}
-        granted: list[Node] = []
-        failure: MultilockError | None = None
-        for create in self._creates:
-            results[create.name] = None
-            if create.result is None:
-                continue
-            if not create.result.ready():
-                failure = failure or unavailable(url, f"acquiring {create.name!r}")
-                session.orphan(create.path, None)
-                continue
-            try:
-                _, stat = create.result.get_nowait()
-            except NodeExistsError:
-                continue
-            except OUTCOME_UNKNOWN as exc:
-                failure = failure or unavailable(url, f"acquiring {create.name!r}", exc)
-                session.orphan(create.path, None)
-                continue
-            except Exception as exc:
-                failure = failure or unavailable(url, f"acquiring {create.name!r}", exc)
-                continue
-            node = Node(
-                create.name, create.path, create.token, stat.czxid, stat.version, self._session_id
-            )
-            granted.append(node)
-        if failure is not None:
-            for node in granted:
-                session.orphan(node.path, node.czxid)
-            raise failure
-        for node in granted:
-            lease = make(node)
-            node.lease = lease
-            results[node.name] = lease
-            session.hold(node)
-        return results
 
 
 class Session:
@@ -160,7 +53,7 @@ class Session:
         self.config = config
         self.client = KazooClient(
             **config.kazoo_options(),
-            logger=_kazoo_logger(config),
+            logger=kazoo_logger(config),
             # Reconnect promptly after an outage (kazoo's default backs off to an hour).
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
@@ -250,21 +143,9 @@ class Session:
         except Exception as exc:
             self._live.set_exception(unavailable(self.config.url, "reading the chroot's ACL", exc))
             return
-        ours = make_digest_acl_credential(self.config.username, self.config.password)
-        foreign = [
-            acl for acl in acls if acl.perms & _FOREIGN_PERMS and not _is_id(acl, "digest", ours)
-        ]
-        if foreign:
-            same_user = any(_acl_text(acl) == f"digest:{self.config.username}" for acl in foreign)
-            hint = " (the same user with another password?)" if same_user else ""
-            self._live.set_exception(
-                ConfigurationError(
-                    f"the chroot {self.config.root!r} of {self.config.url.masked} lets others"
-                    f" create or delete lock nodes ({', '.join(_acl_text(a) for a in foreign)})"
-                    f"{hint}: with digest auth it must grant those only to our user; set its"
-                    " ACL or use another chroot"
-                )
-            )
+        problem = acl_problem(self.config, acls)
+        if problem is not None:
+            self._live.set_exception(problem)
             return
         self._acl_checked = True
         client_id = self.client.client_id
@@ -323,13 +204,13 @@ class Session:
             else:
                 result = create_async(
                     path,
-                    _node_value(token),
+                    node_value(token),
                     acl=acl,
                     ephemeral=True,
                     makepath=True,
                     include_data=True,
                 )
-            creates.append(_Create(name, path, token, result))
+            creates.append(Create(name, path, token, result))
         return Batch(self, creates, session_id)
 
     def _path(self, name: str) -> str:
@@ -520,68 +401,5 @@ class Session:
                 continue  # released meanwhile
             except Exception as exc:
                 raise unavailable(self.config.url, "reading locks", exc) from None
-            infos.append(_lock_info(self.config.node_path(child), child, value, stat))
+            infos.append(lock_info(self.config.node_path(child), child, value, stat))
         return infos
-
-
-class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """kazoo's logger, minus our password: at DEBUG, kazoo logs the Auth packet it sends."""
-
-    def __init__(self, logger: logging.Logger, secret: str) -> None:
-        super().__init__(logger, {})
-        self.secret = secret
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        if self.isEnabledFor(level):
-            text = str(msg) % args if args else str(msg)
-            self.logger.log(level, text.replace(self.secret, "***"), **kwargs)
-
-    def warn(self, msg: object, *args: object, **kwargs: Any) -> None:
-        """kazoo still calls the deprecated ``warn``."""
-        self.warning(msg, *args, **kwargs)
-
-
-def _kazoo_logger(config: Config) -> logging.Logger | _RedactingLogger:
-    logger = logging.getLogger("kazoo.client")
-    return _RedactingLogger(logger, config.password) if config.password else logger
-
-
-_VALUE_PREFIX: list[str] = []
-
-
-def _node_value(token: str) -> bytes:
-    """The holder record a lock node carries: token, host, pid, and creation time (ms)."""
-    pid = os.getpid()
-    if not _VALUE_PREFIX or _VALUE_PREFIX[0] != str(pid):  # computed once per process
-        _VALUE_PREFIX[:] = [str(pid), f'{{"host":{json.dumps(_HOST)},"pid":{pid},"since_ms":']
-    # token (new_token) is hex and dashes only: no JSON escaping needed.
-    return f'{_VALUE_PREFIX[1]}{time.time_ns() // 1_000_000},"token":"{token}"}}'.encode()
-
-
-def _lock_info(path: str, child: str, value: bytes, stat: Any) -> LockInfo:
-    try:
-        data = json.loads(value)
-        if not isinstance(data, dict):
-            raise ValueError
-    except ValueError:
-        data = {}
-    holder = f"pid {data['pid']} on {data['host']}" if "pid" in data and "host" in data else None
-    return LockInfo(
-        key=path,
-        name=unquote(child) if child != "%" else "",
-        holder=holder,
-        since=datetime.fromtimestamp(stat.ctime / 1000, UTC),
-        details={
-            "token": data.get("token"),
-            "fencing_token": stat.czxid,
-            "session": f"0x{stat.ephemeralOwner:x}",
-        },
-    )
-
-
-def _is_id(acl: Any, scheme: str, ident: str) -> bool:
-    return bool(acl.id.scheme == scheme and acl.id.id == ident)
-
-
-def _acl_text(acl: Any) -> str:
-    return f"{acl.id.scheme}:{acl.id.id.split(':')[0]}"

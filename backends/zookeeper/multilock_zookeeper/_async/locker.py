@@ -11,10 +11,11 @@ from __future__ import annotations
 from multilock.abc import LockInfo
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
 
+from .._batch import Node
 from .._bridge import async_settle, async_stop
 from .._capabilities import CAPABILITIES
 from .._config import Config
-from .._session import Node, Session
+from .._session import Session
 
 __all__ = ["AsyncZooKeeperLease", "AsyncZooKeeperLocker"]
 

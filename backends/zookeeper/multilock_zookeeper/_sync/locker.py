@@ -14,10 +14,11 @@ from __future__ import annotations
 from multilock.abc import LockInfo
 from multilock.backend import LeaseBase, LockerBase, LockURL
 
+from .._batch import Node
 from .._bridge import sync_settle, sync_stop
 from .._capabilities import CAPABILITIES
 from .._config import Config
-from .._session import Node, Session
+from .._session import Session
 
 __all__ = ["ZooKeeperLease", "ZooKeeperLocker"]
 

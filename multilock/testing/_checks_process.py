@@ -16,7 +16,7 @@ import multilock
 from multilock.abc import Capability
 from multilock.errors import BackendUnavailable
 
-from ._checks_ttl import SHORT_TTL, SLACK
+from ._checks_ttl import SHORT_TTL, SLACK, fences_newer
 from ._harness import Harness, eventually
 from ._process import Child
 
@@ -79,7 +79,7 @@ async def paused_holder_is_noop(h: Harness) -> None:
     child, name = _hold(h, "paused", SHORT_TTL)
     locker = await h.api.connect()
     async with child:
-        await child.expect("acquired")
+        stale_fence = await child.expect("acquired")
         await h.assert_held(name, "while another process holds it")
         child.signal(signal.SIGSTOP)
 
@@ -87,6 +87,8 @@ async def paused_holder_is_noop(h: Harness) -> None:
             return await h.api.try_acquire(locker, name)
 
         fresh, _ = await eventually("the paused holder's lease expiring", take, bound)
+        if h.has(Capability.FENCING):
+            fences_newer(h, int(stale_fence), fresh)
         child.signal(signal.SIGCONT)
         await child.send("release")
         assert await child.expect("released") == "False", "the stale holder's release returned True"

@@ -19,6 +19,7 @@ __all__ = [
     "SHORT_TTL",
     "SLACK",
     "extend_keeps_lease",
+    "fences_newer",
     "lost_signal",
     "renewal_keeps_long_job_exclusive",
     "stale_holder_is_noop",
@@ -61,6 +62,16 @@ async def _expire_and_take(h: Harness, label: str) -> tuple[Any, Any, str, float
     return stale, fresh, name, elapsed
 
 
+def fences_newer(h: Harness, stale: object, fresh: object) -> None:
+    """FENCING: the holder after a stale one carries a larger token -- what lets the
+    protected resource refuse the stale holder's late writes."""
+    if h.has(Capability.FENCING):
+        old, new = getattr(stale, "fencing_token", stale), getattr(fresh, "fencing_token", fresh)
+        assert isinstance(old, int), f"stale fencing_token {old!r}"
+        assert isinstance(new, int), f"new fencing_token {new!r}"
+        assert new > old, f"the next holder's fencing token {new} is not above the stale {old}"
+
+
 async def ttl_lease_expires(h: Harness) -> None:
     """A lease that is neither released nor extended ends after its ttl, not before."""
     _stale, fresh, _name, _elapsed = await _expire_and_take(h, "expire")
@@ -70,6 +81,7 @@ async def ttl_lease_expires(h: Harness) -> None:
 async def stale_holder_is_noop(h: Harness) -> None:
     """Release and extend by a holder whose lease expired never touch the new holder."""
     stale, fresh, name, _elapsed = await _expire_and_take(h, "stale")
+    fences_newer(h, stale, fresh)
     released = await h.api.release(stale)
     await h.assert_held(name, "after a stale holder released: release is a blind delete")
     assert released is False, "a stale holder's release() returned True"
@@ -178,6 +190,7 @@ async def lost_signal(h: Harness) -> None:
         return await h.api.try_acquire(other, name)
 
     fresh, _ = await eventually("the broken lease's name becoming free", take, LOST_BOUND)
+    fences_newer(h, lease, fresh)
     assert await h.api.release(lease) is False, "release() of a lost lease returned True"
     with pytest.raises(LockLost):
         await h.api.extend(lease)

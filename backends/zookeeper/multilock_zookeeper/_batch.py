@@ -11,7 +11,7 @@ from kazoo.exceptions import NodeExistsError
 from multilock.backend import LostSignal
 from multilock.errors import MultilockError
 
-from ._errors import OUTCOME_UNKNOWN, unavailable
+from ._errors import OUTCOME_UNKNOWN, shown, unavailable
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -93,7 +93,7 @@ class Batch:
             if create.result is None:
                 continue
             if not create.result.ready():
-                failure = failure or unavailable(url, f"acquiring {create.name!r}")
+                failure = failure or unavailable(url, f"acquiring {shown(create.name)}")
                 session.orphan(create.path, None)
                 continue
             try:
@@ -101,11 +101,11 @@ class Batch:
             except NodeExistsError:
                 continue
             except OUTCOME_UNKNOWN as exc:
-                failure = failure or unavailable(url, f"acquiring {create.name!r}", exc)
+                failure = failure or unavailable(url, f"acquiring {shown(create.name)}", exc)
                 session.orphan(create.path, None)
                 continue
             except Exception as exc:
-                failure = failure or unavailable(url, f"acquiring {create.name!r}", exc)
+                failure = failure or unavailable(url, f"acquiring {shown(create.name)}", exc)
                 continue
             node = Node(
                 create.name, create.path, create.token, stat.czxid, stat.version, self._session_id

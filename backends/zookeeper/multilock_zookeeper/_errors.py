@@ -16,10 +16,17 @@ from kazoo.handlers.threading import KazooTimeoutError
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, MultilockError
 
-__all__ = ["OUTCOME_UNKNOWN", "unavailable"]
+__all__ = ["OUTCOME_UNKNOWN", "shown", "unavailable"]
 
 OUTCOME_UNKNOWN = (ConnectionLoss, KazooTimeoutError, OperationTimeoutError)
 """Failures after which the server may or may not have applied the request."""
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """``repr(text)`` for a message, cut short: lock names may be kilobytes long."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit - 20]!r}... ({len(text)} characters)"
 
 
 def unavailable(url: LockURL, doing: str, exc: BaseException | None = None) -> MultilockError:

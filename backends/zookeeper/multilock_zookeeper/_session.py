@@ -36,7 +36,7 @@ from multilock.errors import LockLost, MultilockError, NotOwner
 from ._acl import acl_problem
 from ._batch import Batch, Create, Node
 from ._config import Config
-from ._errors import OUTCOME_UNKNOWN, unavailable
+from ._errors import OUTCOME_UNKNOWN, shown, unavailable
 from ._logs import kazoo_logger
 from ._records import lock_info, node_value
 
@@ -267,21 +267,21 @@ class Session:
         """Raise unless the node is still there and still ours; a missing node fires ``lost``."""
         url = self.config.url
         if not result.ready():
-            raise unavailable(url, f"confirming the lease on {node.name!r}")
+            raise unavailable(url, f"confirming the lease on {shown(node.name)}")
         try:
             stat = result.get_nowait()
         except Exception as exc:
-            raise unavailable(url, f"confirming the lease on {node.name!r}", exc) from None
+            raise unavailable(url, f"confirming the lease on {shown(node.name)}", exc) from None
         if stat is not None and stat.czxid == node.czxid:
             return
         with self._guard:
             if self._held.get(node.path) is node:
                 del self._held[node.path]
-        reason = f"lock node {node.path!r} was deleted"
+        reason = f"lock node {shown(node.path)} was deleted"
         node.lease.lost.set(reason)
         if stat is None:
             raise LockLost(reason)
-        raise NotOwner(f"{reason}, and {node.name!r} is now held by another owner")
+        raise NotOwner(f"{reason}, and {shown(node.name)} is now held by another owner")
 
     def closing(self) -> list[Any]:
         """Mark every held node released-by-close and return their leases (no I/O)."""

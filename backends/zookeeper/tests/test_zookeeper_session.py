@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 
 import multilock
 from multilock.backend import LockURL
-from multilock.errors import LockLost, NotOwner
+from multilock.errors import InvalidLockName, LockLost, NotOwner
 from multilock_zookeeper import backend
 
 BOUND = 10.0  # seconds any of these transitions may take before the test fails
@@ -204,3 +204,18 @@ def test_async_calls_start_no_thread(
 
     asyncio.run(main())
     assert started == [], f"async calls started threads: {started}"
+
+
+def test_names_up_to_the_limit_work_and_longer_ones_are_refused_before_sending(
+    make_url: Callable[..., str],
+) -> None:
+    with multilock.connect(make_url()) as locker:
+        states: list[str] = []
+        locker._session.client.add_listener(states.append)  # type: ignore[attr-defined]
+        longest = "é" * (16 * 1024)  # 32 KiB of UTF-8, 96 KiB escaped
+        lease = locker.try_acquire(longest)
+        assert lease is not None
+        assert lease.release() is True
+        with pytest.raises(InvalidLockName, match="at most 32768 UTF-8 bytes"):
+            locker.try_acquire(longest + "x")
+        assert "SUSPENDED" not in states  # the connection never dropped

@@ -56,6 +56,9 @@ class ZooKeeperLocker(LockerBase):
     """The async locker of ``zookeeper://host:port,.../chroot`` (one kazoo session)."""
 
     capabilities = CAPABILITIES
+    # Far below ZooKeeper's request limit (jute.maxbuffer, 1 MiB by default), which a
+    # create of an escaped name may triple: past it, the server drops the connection.
+    max_name_length = 32 * 1024
 
     def __init__(self, url: LockURL) -> None:
         config = Config.from_url(url)

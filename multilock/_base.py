@@ -11,14 +11,16 @@ acquire interrupted by cancellation undone once the server has answered.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from ._durations import Duration, parse_duration
+from ._shield import run_to_end
 from ._signal import LostSignal
 from ._url import LockURL
 from .abc import Capability, LockInfo
@@ -173,11 +175,16 @@ async def finish_shielded(work: Awaitable[T]) -> T:
     ``context.WithoutCancel`` of the seed pattern: a release that has started
     finishes before ``asyncio.run`` or a task group tears the loop down.
     """
-    task = asyncio.ensure_future(work)
+    if inspect.iscoroutine(work):
+        outcome: tuple[T, bool] = await run_to_end(work)
+        if outcome[1]:
+            raise asyncio.CancelledError
+        return outcome[0]
+    task: asyncio.Future[T] = asyncio.ensure_future(work)  # a future or task: it runs on its own anyway
     cancelled = False
     while True:
         try:
-            result = await asyncio.shield(task)
+            result: T = await asyncio.shield(task)
             break
         except asyncio.CancelledError:
             if task.done():
@@ -337,20 +344,13 @@ class AsyncLockerBase(_LockerCommon):
 R = TypeVar("R")
 
 
-async def _undo_on_cancel(work: Awaitable[R], leases_of: Callable[[R], list[Any]]) -> R:
+async def _undo_on_cancel(work: Coroutine[Any, Any, R], leases_of: Callable[[R], list[Any]]) -> R:
     """Await an acquire; if the caller is cancelled meanwhile, let the server answer,
     release whatever it granted, then re-raise the cancellation."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if task.done() and task.cancelled():
-            raise
-        try:
-            granted = await finish_shielded(task)
-        except BaseException:  # the acquire failed on its own: nothing to undo
-            raise asyncio.CancelledError from None
-        for lease in leases_of(granted):
-            if lease is not None:
-                await lease.release()
-        raise
+    granted, cancelled = await run_to_end(work)
+    if not cancelled:
+        return granted
+    for lease in leases_of(granted):
+        if lease is not None:
+            await lease.release()  # itself run to its end: see finish_shielded
+    raise asyncio.CancelledError

@@ -293,6 +293,19 @@ class Scheduler(Service):
         self._loop = None
         log.info("scheduler stopped", extra={"replica_id": self.replica_id})
 
+    def use_lock(self, lock: str | AsyncDistributedLock | DistributedLock) -> None:
+        """Replace the lock (a URL or a locker) before the scheduler starts.
+
+        What ``multilock run --lock URL`` calls on the scheduler the user's module
+        built, so that one module runs on any backend without editing it.
+        """
+        if self._loop is not None:
+            raise RuntimeError("use_lock() must be called before the scheduler starts")
+        self._source = lock
+        self._locker = self._make_locker()
+        if self._leadership is not None:
+            self._leadership.locker = self._locker
+
     def _make_locker(self) -> AsyncDistributedLock:
         source = self._source
         if isinstance(source, str):

@@ -51,6 +51,6 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``multilock`` script and ``python -m multilock``."""
-    from . import _conformance, _demo, _key, _locks, _next  # noqa: F401  (registers the commands)
+    from . import _conformance, _demo, _key, _locks, _next, _run  # noqa: F401  (registers)
 
     cli.main(args=argv, prog_name="multilock")

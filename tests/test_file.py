@@ -210,14 +210,17 @@ def test_sigkilled_holder_frees_the_lock_at_once(tmp_path: Path) -> None:
         holder.wait(10)
         killed = time.monotonic()
         deadline = killed + 2.0
+        tries = 1
         lease = locker.try_acquire("job")
         while lease is None and time.monotonic() < deadline:
             time.sleep(0.001)
+            tries += 1
             lease = locker.try_acquire("job")
         freed_after = time.monotonic() - killed
         assert lease is not None, "the lock of a SIGKILLed holder was not freed within 2s"
-        # The kernel drops the flock with the process: the first try should win.
-        assert freed_after < 0.1, f"freed only after {freed_after:.3f}s"
+        # The kernel drops the flock as the process exits, before wait() returns: so the
+        # very first try wins. Counted in tries, not seconds, to hold on a loaded machine.
+        assert tries == 1, f"freed only after {tries} tries ({freed_after:.3f}s)"
         assert lease.fencing_token == 2
 
 

@@ -40,26 +40,40 @@ def sleep_until(deadline: float) -> None:
 def replica(index: int, args: argparse.Namespace) -> None:
     """One replica: every tick, fire (late by up to ``--skew``) and try to run the job."""
     rng = random.Random(os.getpid())
+    # A replica runs a tick only up to `grace` after its fire time, and the winner holds
+    # the lease until fire + tolerance: with tolerance >= skew nobody can run it twice.
+    grace = max(args.tolerance, args.skew)
     with multilock.connect(f"file://{args.dir}/locks") as locker:
         print("ready", flush=True)
         start = float(sys.stdin.readline())  # the same first fire time for every replica
         for tick in range(args.ticks):
             fire = start + tick * args.interval
             sleep_until(fire + rng.uniform(0, args.skew))
-            if time.time() > fire + args.interval / 2:  # too late for this tick: a misfire
-                outcome = "late"
-            else:
-                lease = locker.try_acquire(JOB)
-                if lease is None:
-                    outcome = "skipped"
-                else:
-                    with lease:
-                        with open(Path(args.dir) / "job.log", "a") as log:  # the job
-                            log.write(f"{tick} {index}\n")
-                        outcome = "ran"
-                        # Keep the tick's lease until late replicas have given up on it.
-                        sleep_until(fire + args.tolerance)
+            outcome = _run_tick(locker, tick, index, fire, grace, args)
             print(json.dumps({"tick": tick, "replica": index, "outcome": outcome}), flush=True)
+
+
+def _run_tick(
+    locker: multilock.DistributedLock,
+    tick: int,
+    index: int,
+    fire: float,
+    grace: float,
+    args: argparse.Namespace,
+) -> str:
+    if time.time() > fire + grace:
+        return "late"  # a misfire: too late for this tick
+    lease = locker.try_acquire(JOB)
+    if lease is None:
+        return "skipped"
+    with lease:
+        if time.time() >= fire + grace:
+            return "late"  # won only after the tick's holder let go: it has run
+        with open(Path(args.dir) / "job.log", "a") as log:  # the job
+            log.write(f"{tick} {index}\n")
+        # Keep the tick's lease until late replicas have given up on it.
+        sleep_until(fire + args.tolerance)
+    return "ran"
 
 
 def _read_reports(proc: subprocess.Popen[str], reports: Queue[dict[str, object]]) -> None:

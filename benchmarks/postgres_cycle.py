@@ -8,31 +8,39 @@ Variants, sync and async, each timed per cycle on its own connection:
 * ``multilock``: ``lease = locker.try_acquire(name)`` then ``lease.release()``;
 * ``raw``: the seed's pattern on one psycopg connection, ``SELECT
   pg_try_advisory_lock(k)`` then ``SELECT pg_advisory_unlock(k)``;
-* ``select1``: one ``SELECT 1`` round trip, the floor of any query.
+* ``select1``: one ``SELECT 1`` round trip, the floor of any query;
+* peer: tooz's PostgreSQL driver (sync only; it runs on psycopg2), left out when
+  not installed (``pip install 'multilock-postgres[bench]'``).
 
 Rounds interleave the variants in a shuffled order, so that drift in the machine's
 load lands on all of them alike. Reported: median and p99 per cycle, and the
-ratios multilock/raw (targets: sync at most 1.10, async 1.30). The server comes
+ratios multilock/raw (targets: sync at most 1.10, async 1.30; ahead of tooz). The server comes
 from ``MULTILOCK_POSTGRES_URL`` (default: the local test database).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import statistics
 import sys
 from typing import Any
 
 import psycopg
-from _cycle import interleave, interleave_async, main, p99
+from _cycle import (
+    SyncCycle,
+    Table,
+    interleave,
+    interleave_async,
+    main,
+    report,
+    server_url,
+    tooz_cycle,
+)
 
 import multilock
 from multilock import advisory_key
 from multilock.backend import LockURL
 from multilock_postgres._config import parse_settings
 
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 TARGETS = {"sync": 1.10, "async": 1.30}
 NAME = "multilock-benchmark-cycle"
 KEY = advisory_key(NAME)
@@ -60,7 +68,21 @@ def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
         def select1() -> None:
             conn.execute("SELECT 1").fetchone()
 
-        return interleave({"multilock": ours, "raw": raw, "select1": select1}, rounds, per_round)
+        variants: dict[str, SyncCycle] = {"multilock": ours, "raw": raw, "select1": select1}
+        opened: list[Any] = []
+        try:
+            tooz = tooz_cycle(_tooz_url(url), NAME + "-tooz", opened)
+            if tooz is not None:
+                variants["tooz"] = tooz
+            return interleave(variants, rounds, per_round)
+        finally:
+            for coordinator in opened:
+                coordinator.stop()
+
+
+def _tooz_url(url: str) -> str:
+    # tooz's driver takes a libpq URL, without multilock's own query options.
+    return url.split("?", 1)[0]
 
 
 async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
@@ -89,30 +111,16 @@ async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[flo
         await locker.aclose()
 
 
-def report(api: str, samples: dict[str, list[float]]) -> float:
-    """Print one API's table; return its multilock/raw median ratio."""
-    medians = {variant: statistics.median(values) for variant, values in samples.items()}
-    print(f"\n{api} API ({len(samples['raw'])} cycles per variant)")
-    print(f"  {'variant':<10} {'median µs':>10} {'p99 µs':>10}")
-    for variant, values in samples.items():
-        print(f"  {variant:<10} {medians[variant]:>10.1f} {p99(values):>10.1f}")
-    ratio = medians["multilock"] / medians["raw"]
-    p99_ratio = p99(samples["multilock"]) / p99(samples["raw"])
-    floor = medians["raw"] / medians["select1"]
-    verdict = "meets" if ratio <= TARGETS[api] else "MISSES"
-    print(
-        f"  multilock/raw: median {ratio:.3f}x, p99 {p99_ratio:.3f}x"
-        f" ({verdict} the {TARGETS[api]:.2f}x target); raw cycle = {floor:.2f} SELECT 1"
-    )
-    return ratio
-
-
-def run(url: str, rounds: int, per_round: int) -> None:
-    """Both APIs, one after the other."""
-    report("sync", run_sync(url, rounds, per_round))
-    report("async", asyncio.run(run_async(url, rounds, per_round)))
+def run(url: str, rounds: int, per_round: int) -> list[Table]:
+    """Time and report both APIs."""
+    return [
+        report("postgresql", "sync", run_sync(url, rounds, per_round), floor="select1",
+               target=TARGETS["sync"]),
+        report("postgresql", "async", asyncio.run(run_async(url, rounds, per_round)),
+               floor="select1", target=TARGETS["async"]),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":
-    url = os.environ.get("MULTILOCK_POSTGRES_URL", DEFAULT_URL)
+    url = server_url("postgresql")
     sys.exit(main(__doc__ or "", url, run))

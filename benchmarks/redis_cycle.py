@@ -12,7 +12,7 @@ Variants, each timed per cycle (acquire, then release) on its own client:
   whose call costs about ten microseconds more) -- the floor for a safe lock;
 * ``ping``: one ``PING`` round trip, the floor of any command;
 * peers: redis-py's own ``Lock``, python-redis-lock (``redis_lock.Lock``) and
-  pottery's ``Redlock`` (one master); async: redis-py's asyncio ``Lock`` and
+  pottery's ``Redlock`` (one master), tooz's Redis driver; async: redis-py's asyncio ``Lock`` and
   pottery's ``AIORedlock``. Peers that are not installed are left out
   (``pip install 'multilock-redis[bench]'``).
 
@@ -26,44 +26,52 @@ from ``MULTILOCK_REDIS_URL`` (default: the local test db 15).
 from __future__ import annotations
 
 import asyncio
-import importlib
-import os
-import statistics
 import sys
 import uuid
 from typing import Any
 
 import redis
 import redis.asyncio
-from _cycle import AsyncCycle, SyncCycle, interleave, interleave_async, main, p99
+from _cycle import (
+    OURS,
+    RAW,
+    AsyncCycle,
+    SyncCycle,
+    Table,
+    interleave,
+    interleave_async,
+    main,
+    optional,
+    report,
+    server_url,
+    tooz_cycle,
+)
 
 import multilock
 from multilock.backend import LockURL
 from multilock_redis._config import parse_config
 
-DEFAULT_URL = "redis://127.0.0.1:6379/15"
 TARGETS = {"sync": 1.10, "async": 1.30}
 NAME = f"multilock-benchmark-cycle-{uuid.uuid4().hex[:8]}"
 TTL_MS = 30_000
 RELEASE = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
-OURS, RAW, FLOOR = "multilock", "raw", "ping"
+FLOOR = "ping"
 
 
 def _client_url(url: str) -> str:
     return parse_config(LockURL.parse(url)).client_url
 
 
-def _optional(module: str) -> Any:
-    """An installed peer library, or ``None`` (peers are the ``bench`` extra, not required)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
+def _tooz_url(client: redis.Redis) -> str:
+    # tooz's driver names the database in the query, not the path.
+    kwargs = client.connection_pool.connection_kwargs
+    host, port = kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379)
+    return f"redis://{host}:{port}?db={kwargs.get('db', 0)}"
 
 
-def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
+def _sync_peers(client: redis.Redis, opened: list[Any]) -> dict[str, SyncCycle]:
     peers: dict[str, SyncCycle] = {}
 
     def redis_py_lock() -> None:
@@ -72,7 +80,7 @@ def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
         lock.release()
 
     peers["redis-py Lock"] = redis_py_lock
-    redis_lock = _optional("redis_lock")
+    redis_lock = optional("redis_lock")
     if redis_lock is not None:
 
         def python_redis_lock() -> None:
@@ -81,7 +89,7 @@ def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
             lock.release()
 
         peers["python-redis-lock"] = python_redis_lock
-    pottery = _optional("pottery")
+    pottery = optional("pottery")
     if pottery is not None:
 
         def pottery_redlock() -> None:
@@ -92,6 +100,9 @@ def _sync_peers(client: redis.Redis) -> dict[str, SyncCycle]:
             lock.release()
 
         peers["pottery Redlock"] = pottery_redlock
+    tooz = tooz_cycle(_tooz_url(client), NAME + "-tooz", opened)
+    if tooz is not None:
+        peers["tooz"] = tooz
     return peers
 
 
@@ -114,15 +125,18 @@ def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
             assert raw_client.set(key, token, nx=True, px=TTL_MS)
             raw_client.evalsha(release, 1, key, token)
 
-        variants: dict[str, SyncCycle] = {
-            OURS: ours,
-            RAW: raw,
-            FLOOR: raw_client.ping,
-            **_sync_peers(peer_client),
-        }
+        opened: list[Any] = []
         try:
+            variants: dict[str, SyncCycle] = {
+                OURS: ours,
+                RAW: raw,
+                FLOOR: raw_client.ping,
+                **_sync_peers(peer_client, opened),
+            }
             return interleave(variants, rounds, per_round)
         finally:
+            for coordinator in opened:
+                coordinator.stop()
             raw_client.close()
             peer_client.close()
 
@@ -159,7 +173,7 @@ async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[flo
             FLOOR: ping,
             "redis-py Lock": redis_py_lock,
         }
-        pottery = _optional("pottery")
+        pottery = optional("pottery")
         if pottery is not None:
 
             async def pottery_redlock() -> None:
@@ -176,40 +190,21 @@ async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[flo
             await raw_client.aclose()
 
 
-def report(api: str, samples: dict[str, list[float]]) -> bool:
-    """Print one API's table; return whether multilock met its targets."""
-    medians = {variant: statistics.median(values) for variant, values in samples.items()}
-    print(f"\n{api} API ({len(samples[RAW])} cycles per variant)")
-    print(f"  {'variant':<20} {'median µs':>10} {'p99 µs':>10} {'vs raw':>8}")
-    for variant in sorted(samples, key=medians.__getitem__):
-        values = samples[variant]
-        ratio = medians[variant] / medians[RAW]
-        print(f"  {variant:<20} {medians[variant]:>10.1f} {p99(values):>10.1f} {ratio:>7.2f}x")
-    ratio = medians[OURS] / medians[RAW]
-    p99_ratio = p99(samples[OURS]) / p99(samples[RAW])
-    peers = [v for v in samples if v not in (OURS, RAW, FLOOR)]
-    slower_than = [peer for peer in peers if medians[peer] <= medians[OURS]]
-    met = ratio <= TARGETS[api] and not slower_than
-    print(
-        f"  multilock/raw: median {ratio:.3f}x, p99 {p99_ratio:.3f}x (target {TARGETS[api]:.2f}x);"
-        f" raw cycle = {medians[RAW] / medians[FLOOR]:.2f} PINGs;"
-        + (f" slower than {', '.join(slower_than)}" if slower_than else " faster than every peer")
-        + (" -- meets the targets" if met else " -- MISSES a target")
-    )
-    return met
-
-
-def run(url: str, rounds: int, per_round: int) -> None:
+def run(url: str, rounds: int, per_round: int) -> list[Table]:
     """Time and report both APIs."""
-    report("sync", run_sync(url, rounds, per_round))
-    report("async", asyncio.run(run_async(url, rounds, per_round)))
+    return [
+        report("redis", "sync", run_sync(url, rounds, per_round), floor=FLOOR,
+               target=TARGETS["sync"]),
+        report("redis", "async", asyncio.run(run_async(url, rounds, per_round)), floor=FLOOR,
+               target=TARGETS["async"]),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":
     sys.exit(
         main(
             __doc__ or "",
-            os.environ.get("MULTILOCK_REDIS_URL", DEFAULT_URL),
+            server_url("redis"),
             run,
             # Short rounds, many of them: load drift on a shared machine then
             # lands on every variant alike.

@@ -28,7 +28,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from _cycle import reachable, server_url
+
 WARMUP = 2.0
+SIZES = (100, 1_000, 10_000)
+QUICK_SIZES = (100,)
+PG_JOBS = 1_000
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -120,47 +125,15 @@ def _run_child(lib: str, jobs: int, seconds: float, lock: str) -> dict[str, Any]
     return result
 
 
-def _postgres_url() -> str | None:
-    url = os.environ.get("MULTILOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    try:
-        import multilock
-
-        with multilock.connect(url) as locker:
-            lease = locker.try_acquire("bench-probe")
-            if lease is not None:
-                lease.release()
-    except Exception:
-        return None
-    return url
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI smoke: small and short")
-    parser.add_argument("--seconds", type=float, default=None)
-    parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--child", choices=["multilock", "apscheduler"], help=argparse.SUPPRESS)
-    parser.add_argument("--jobs", type=int, default=100, help=argparse.SUPPRESS)
-    parser.add_argument("--lock", default="memory://", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-
-    if args.child:
-        seconds = args.seconds or 20.0
-        if args.child == "multilock":
-            result = asyncio.run(_child_multilock(args.jobs, seconds, args.lock))
-        else:
-            result = asyncio.run(_child_apscheduler(args.jobs, seconds))
-        print(json.dumps(result))
-        return 0
-
-    seconds = args.seconds or (3.0 if args.quick else 20.0)
-    sizes = [100] if args.quick else [100, 1_000, 10_000]
+def measure(sizes: tuple[int, ...], seconds: float, *, postgres: bool) -> list[dict[str, Any]]:
+    """Each size on memory:// and under APScheduler (and 1,000 jobs on PostgreSQL when
+    ``postgres`` and a server answers), one child process after the other; a row each."""
     plan: list[tuple[str, int, str]] = []
     for jobs in sizes:
         plan += [("multilock", jobs, "memory://"), ("apscheduler", jobs, "-")]
-    pg = None if args.quick else _postgres_url()
-    if pg is not None:
-        plan.append(("multilock", 1_000, pg))
+    pg = server_url("postgresql")
+    if postgres and reachable(pg):
+        plan.append(("multilock", PG_JOBS, pg))
     rows = []
     header = f"{'library':<12} {'backend':<11} {'jobs':>6} {'runs':>7} {'p50 ms':>8}"
     header += f" {'p99 ms':>8} {'max ms':>8} {'cpu/wall':>9} {'rss MB':>7}"
@@ -179,6 +152,31 @@ def main() -> int:
             f" {result['cpu_per_wall']:>9.3f} {result['peak_rss_mb']:>7.1f}",
             flush=True,
         )
+    return rows
+
+
+def main() -> int:
+    """The command line: the parent's plan, or one child's measurement."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI smoke: small and short")
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--child", choices=["multilock", "apscheduler"], help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument("--lock", default="memory://", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        seconds = args.seconds or 20.0
+        if args.child == "multilock":
+            result = asyncio.run(_child_multilock(args.jobs, seconds, args.lock))
+        else:
+            result = asyncio.run(_child_apscheduler(args.jobs, seconds))
+        print(json.dumps(result))
+        return 0
+
+    seconds = args.seconds or (3.0 if args.quick else 20.0)
+    rows = measure(QUICK_SIZES if args.quick else SIZES, seconds, postgres=not args.quick)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"seconds": seconds, "rows": rows}, fh, indent=2)

@@ -225,8 +225,8 @@ def main(
     url: str,
     run: Callable[[str, int, int], object],
     *,
-    quick: tuple[int, int] = (5, 100),
-    full: tuple[int, int] = (40, 500),
+    quick: tuple[int, int],
+    full: tuple[int, int],
 ) -> int:
     """Parse ``--quick``/``--rounds``/``--per-round``, then ``run(url, rounds, per_round)``.
 

@@ -42,6 +42,7 @@ from multilock.backend import LockURL
 from multilock_postgres._config import parse_settings
 
 TARGETS = {"sync": 1.10, "async": 1.30}
+QUICK, FULL = (5, 100), (40, 500)  # (rounds, cycles per round)
 NAME = "multilock-benchmark-cycle"
 KEY = advisory_key(NAME)
 
@@ -123,4 +124,4 @@ def run(url: str, rounds: int, per_round: int) -> list[Table]:
 
 if __name__ == "__main__":
     url = server_url("postgresql")
-    sys.exit(main(__doc__ or "", url, run))
+    sys.exit(main(__doc__ or "", url, run, quick=QUICK, full=FULL))

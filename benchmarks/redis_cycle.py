@@ -52,6 +52,9 @@ from multilock.backend import LockURL
 from multilock_redis._config import parse_config
 
 TARGETS = {"sync": 1.10, "async": 1.30}
+# (rounds, cycles per round): short rounds, many of them, so that load drift on a
+# shared machine lands on every variant alike.
+QUICK, FULL = (5, 40), (200, 25)
 NAME = f"multilock-benchmark-cycle-{uuid.uuid4().hex[:8]}"
 TTL_MS = 30_000
 RELEASE = (
@@ -206,9 +209,7 @@ if __name__ == "__main__":
             __doc__ or "",
             server_url("redis"),
             run,
-            # Short rounds, many of them: load drift on a shared machine then
-            # lands on every variant alike.
-            quick=(5, 40),
-            full=(200, 25),
+            quick=QUICK,
+            full=FULL,
         )
     )

@@ -52,8 +52,21 @@ def _measure(lateness: list[float], started: float, cpu0: float) -> dict[str, fl
         "p99_ms": _percentile(lateness, 0.99) * 1000,
         "max_ms": max(lateness, default=math.nan) * 1000,
         "cpu_per_wall": (usage.ru_utime + usage.ru_stime - cpu0) / wall,
-        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "peak_rss_mb": _peak_rss_mb(usage),
     }
+
+
+def _peak_rss_mb(usage: resource.struct_rusage) -> float:
+    # ru_maxrss survives exec on Linux (a child started by a big parent reports the
+    # parent's peak); VmHWM belongs to this process's own memory map.
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return usage.ru_maxrss / 1024
 
 
 def _cpu() -> float:
@@ -125,15 +138,18 @@ def _run_child(lib: str, jobs: int, seconds: float, lock: str) -> dict[str, Any]
     return result
 
 
-def measure(sizes: tuple[int, ...], seconds: float, *, postgres: bool) -> list[dict[str, Any]]:
-    """Each size on memory:// and under APScheduler (and 1,000 jobs on PostgreSQL when
-    ``postgres`` and a server answers), one child process after the other; a row each."""
+def measure(
+    sizes: tuple[int, ...], seconds: float, *, postgres: bool, pg_jobs: int | None = None
+) -> list[dict[str, Any]]:
+    """Each size on memory:// and under APScheduler (and ``pg_jobs``, default 1,000, on
+    PostgreSQL when ``postgres`` and a server answers), one child process after the
+    other; a row each."""
     plan: list[tuple[str, int, str]] = []
     for jobs in sizes:
         plan += [("multilock", jobs, "memory://"), ("apscheduler", jobs, "-")]
     pg = server_url("postgresql")
     if postgres and reachable(pg):
-        plan.append(("multilock", PG_JOBS, pg))
+        plan.append(("multilock", pg_jobs or PG_JOBS, pg))
     rows = []
     header = f"{'library':<12} {'backend':<11} {'jobs':>6} {'runs':>7} {'p50 ms':>8}"
     header += f" {'p99 ms':>8} {'max ms':>8} {'cpu/wall':>9} {'rss MB':>7}"

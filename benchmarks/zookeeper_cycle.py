@@ -52,6 +52,7 @@ from multilock.backend import LockURL
 from multilock_zookeeper._config import Config
 
 TARGETS = {"sync": 1.10, "async": 1.30}
+QUICK, FULL = (2, 50), (10, 200)  # (rounds, cycles per round)
 FLOOR = "exists"
 PEERS = ("kazoo Lock", "tooz")
 
@@ -188,4 +189,4 @@ def run(url: str, rounds: int, per_round: int) -> list[Table]:
 
 if __name__ == "__main__":
     url = server_url("zookeeper")
-    sys.exit(main(__doc__ or "", url, run, quick=(2, 50), full=(10, 200)))
+    sys.exit(main(__doc__ or "", url, run, quick=QUICK, full=FULL))

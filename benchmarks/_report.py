@@ -1,0 +1,309 @@
+"""What ``benchmarks/run.py`` writes: the results, the targets, the document and the plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from _cycle import OURS, RAW, Table
+from connections import Row as ConnectionRow
+from contention import Row as ContentionRow
+from many_locks import TARGET_RTTS
+from many_locks import Row as ManyRow
+
+__all__ = ["Results", "machine_info", "write"]
+
+LATENESS_P99_MS = 5.0
+SCHEDULER_JOBS = 1_000
+MANY_N = 1_000
+
+
+@dataclass
+class Results:
+    """Everything one run measured (a section not run leaves its part empty)."""
+
+    quick: bool
+    command: str
+    machine: dict[str, str] = field(default_factory=dict)
+    cycles: list[Table] = field(default_factory=list)
+    many: list[ManyRow] = field(default_factory=list)
+    scheduler: list[dict[str, Any]] = field(default_factory=list)
+    scheduler_seconds: float = 0.0
+    contention_rows: list[ContentionRow] = field(default_factory=list)
+    connection_rows: list[ConnectionRow] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+
+def machine_info() -> dict[str, str]:
+    """The host as the document describes it (no host name, no paths)."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")),
+                model,
+            )
+    except OSError:
+        pass
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": f"{model}, {os.cpu_count()} logical CPUs (shared with other work)",
+        "os": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "load average at start": load,
+    }
+
+
+@dataclass(frozen=True)
+class _Check:
+    target: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+
+
+def _checks(results: Results) -> list[_Check]:
+    checks: list[_Check] = []
+    for table in results.cycles:
+        checks.append(
+            _Check(
+                f"cycle {table.backend} {table.api}: median <= {table.target:.2f}x raw",
+                f"{table.ratio:.2f}x",
+                table.ratio <= table.target,
+            )
+        )
+        if table.peers:
+            slower = table.slower_than
+            checks.append(
+                _Check(
+                    f"cycle {table.backend} {table.api}: ahead of every peer",
+                    f"behind {', '.join(slower)}" if slower else "ahead of all",
+                    not slower,
+                )
+            )
+    for backend in sorted({row.backend for row in results.many}):
+        row = next((r for r in results.many if r.backend == backend and r.n == MANY_N), None)
+        checks.append(
+            _Check(
+                f"{MANY_N} locks on {backend} in < {TARGET_RTTS:.0f} round trips",
+                f"{row.ours_rtts:.1f} RTT ({row.ours_ms:.2f} ms)" if row else "not measured",
+                row.ours_rtts < TARGET_RTTS if row else None,
+            )
+        )
+    checks += _scheduler_checks(results.scheduler)
+    for crow in results.contention_rows:
+        checks.append(
+            _Check(
+                f"contention {crow.backend}: zero overlap", str(crow.overlaps), not crow.overlaps
+            )
+        )
+    rows = {row.variant: row for row in results.connection_rows}
+    if "multilock" in rows and "seed pattern" in rows:
+        ours, seed = rows["multilock"], rows["seed pattern"]
+        checks.append(
+            _Check(
+                f"connections with {ours.jobs} jobs running: fewer than the seed pattern",
+                f"{ours.connections} vs {seed.connections}",
+                ours.connections < seed.connections,
+            )
+        )
+    return checks
+
+
+def _scheduler_checks(rows: list[dict[str, Any]]) -> list[_Check]:
+    def find(library: str, backend: str) -> dict[str, Any] | None:
+        for row in rows:
+            if (row["library"], row["backend"], row["jobs"]) == (library, backend, SCHEDULER_JOBS):
+                return None if "error" in row else row
+        return None
+
+    aps = find("apscheduler", "-")
+    checks: list[_Check] = []
+    for backend in ("memory", "postgresql"):
+        ours = find("multilock", backend)
+        checks.append(
+            _Check(
+                f"scheduler {SCHEDULER_JOBS} jobs on {backend}: p99 lateness < 5 ms",
+                f"{ours['p99_ms']:.2f} ms" if ours else "not measured",
+                ours["p99_ms"] < LATENESS_P99_MS if ours else None,
+            )
+        )
+        cpu = "not measured"
+        met: bool | None = None
+        if ours is not None and aps is not None:
+            cpu = f"{ours['cpu_per_wall']:.3f} vs {aps['cpu_per_wall']:.3f}"
+            met = ours["cpu_per_wall"] <= aps["cpu_per_wall"]
+        checks.append(
+            _Check(f"scheduler {SCHEDULER_JOBS} jobs on {backend}: CPU <= APScheduler's", cpu, met)
+        )
+    return checks
+
+
+def _verdict(met: bool | None) -> str:
+    return {True: "pass", False: "**MISS**", None: "not measured"}[met]
+
+
+def _lines(results: Results) -> list[str]:
+    out = ["# Benchmarks", ""]
+    if results.quick:
+        out += ["> A `--quick` smoke run: too few samples for the figures to mean anything.", ""]
+    out += [
+        f"Written by `{results.command}` in {results.wall_seconds / 60:.1f} minutes, against",
+        "the local PostgreSQL, Redis and ZooKeeper servers. The machine is shared and",
+        "noisy: compare the ratios (measured in the same run, variants interleaved),",
+        "not the absolute times, which are shown but not asserted.",
+        "",
+    ]
+    out += [f"- {key}: {value}" for key, value in results.machine.items()]
+    out += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    out += [f"| {c.target} | {c.measured} | {_verdict(c.met)} |" for c in _checks(results)]
+    out += [f"- not run: {reason}" for reason in results.skipped]
+    out += [f"- **failed to run**: {name}" for name in results.failed]
+    out += _cycle_lines(results.cycles)
+    out += _many_lines(results.many)
+    out += _scheduler_lines(results.scheduler, results.scheduler_seconds)
+    out += _contention_lines(results.contention_rows)
+    out += _connection_lines(results.connection_rows)
+    return out
+
+
+def _cycle_lines(tables: list[Table]) -> list[str]:
+    if not tables:
+        return []
+    out = [
+        "",
+        "## Lock cycle: uncontended try_acquire + release",
+        "",
+        "Microseconds per cycle; `raw` is the client library by hand, the floor is one",
+        "server round trip (`SELECT 1`, `PING`, `exists`). Each script's docstring",
+        "(`benchmarks/<backend>_cycle.py`) says exactly what each variant does.",
+        "",
+        "![cycle medians](img/bench-cycle.png)",
+    ]
+    for table in tables:
+        out += [
+            "",
+            f"### {table.backend}, {table.api} ({table.cycles} cycles per variant)",
+            "",
+            "| variant | median µs | p99 µs | median vs raw |",
+            "|---|---:|---:|---:|",
+        ]
+        for variant in sorted(table.medians, key=table.medians.__getitem__):
+            name = f"**{variant}**" if variant == OURS else variant
+            ratio = table.medians[variant] / table.medians[RAW]
+            out.append(
+                f"| {name} | {table.medians[variant]:.1f} | {table.p99s[variant]:.1f}"
+                f" | {ratio:.2f}x |"
+            )
+    return out
+
+
+def _many_lines(rows: list[ManyRow]) -> list[str]:
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Many due jobs at one tick: try_acquire_many",
+        "",
+        "Median milliseconds to take N fresh names: one `try_acquire_many` against N",
+        "raw calls in a row (`pg_try_advisory_lock`, `SET NX PX`) on one connection.",
+        "",
+        "![many locks](img/bench-many.png)",
+        "",
+        "| backend | N | multilock ms | in round trips | raw ms | raw / multilock |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    out += [
+        f"| {r.backend} | {r.n} | {r.ours_ms:.2f} | {r.ours_rtts:.1f} | {r.raw_ms:.2f}"
+        f" | {r.raw_ms / r.ours_ms:.1f}x |"
+        for r in rows
+    ]
+    rtts = {r.backend: r.rtt_ms * 1000 for r in rows}
+    out += ["", "Round-trip time: " + ", ".join(f"{b} {t:.0f} µs" for b, t in rtts.items()) + "."]
+    return out
+
+
+def _scheduler_lines(rows: list[dict[str, Any]], seconds: float) -> list[str]:
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Scheduler: N interval jobs firing every second",
+        "",
+        f"Each configuration in its own process for {seconds:.0f} s after a 2 s warm-up;",
+        "lateness is how long after its fire time a job's body started; CPU is",
+        "user + system seconds per wall second of that process.",
+        "",
+        "![scheduler](img/bench-scheduler.png)",
+        "",
+        "| library | backend | jobs | runs | p50 ms | p99 ms | max ms | CPU s/s | peak RSS MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        head = f"| {r['library']} | {r['backend']} | {r['jobs']} |"
+        if "error" in r:
+            out.append(f"{head} error: {r['error']} ||||||")
+            continue
+        out.append(
+            f"{head} {r['runs']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f}"
+            f" | {r['cpu_per_wall']:.3f} | {r['peak_rss_mb']:.0f} |"
+        )
+    return out
+
+
+def _contention_lines(rows: list[ContentionRow]) -> list[str]:
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Contention: one name, many contenders",
+        "",
+        "Threads, each with its own locker (connection or session), looping on",
+        "`try_acquire` with a 1 ms back-off; a shared record counts entries into the",
+        "section while another contender is inside (overlaps).",
+        "",
+        "![contention](img/bench-contention.png)",
+        "",
+        "| backend | contenders | seconds | sections | sections/s | overlaps |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    out += [
+        f"| {r.backend} | {r.contenders} | {r.seconds:.1f} | {r.sections} | {r.per_second:.1f}"
+        f" | {r.overlaps} |"
+        for r in rows
+    ]
+    return out
+
+
+def _connection_lines(rows: list[ConnectionRow]) -> list[str]:
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Connections: PostgreSQL connections of one replica",
+        "",
+        "Peak rows of `pg_stat_activity` with the variant's `application_name`, while",
+        "the jobs run at once (each holding its lock while it sleeps).",
+        "",
+        "| variant | jobs | running at once | server connections |",
+        "|---|---:|---:|---:|",
+    ]
+    out += [f"| {r.variant} | {r.jobs} | {r.concurrent} | {r.connections} |" for r in rows]
+    return out
+
+
+def write(results: Results, out: Path) -> Path:
+    """Write ``benchmarks.md`` and ``img/bench-*.png`` under ``out``; the document's path."""
+    import _plots
+
+    (out / "img").mkdir(parents=True, exist_ok=True)
+    _plots.draw(results, out / "img")
+    document = out / "benchmarks.md"
+    document.write_text("\n".join(_lines(results)) + "\n")
+    return document

@@ -8,6 +8,7 @@ acquire whose caller was cancelled. This module only says how to ask SQLite.
 from __future__ import annotations
 
 import asyncio
+from typing import Any, TypeVar
 
 from multilock.backend import (
     AsyncLeaseBase,
@@ -82,36 +83,49 @@ class AsyncSQLiteLease(AsyncLeaseBase):
 
 
 # --8<-- [end:leases]
-
-_CAPABILITIES = frozenset(
-    {Capability.TTL, Capability.FENCING, Capability.CROSS_PROCESS, Capability.INTROSPECTION}
-)
-
-
 # --8<-- [start:lockers]
-class SQLiteLocker(LockerBase):
-    """Sync locker of ``sqlite://``."""
+L = TypeVar("L", SQLiteLease, AsyncSQLiteLease)
 
-    capabilities = _CAPABILITIES
 
-    def __init__(self, url: LockURL) -> None:
+class _SQLiteCommon:
+    """What the sync and the async locker share: the store, the promises, the leases."""
+
+    capabilities = frozenset(
+        {Capability.TTL, Capability.FENCING, Capability.CROSS_PROCESS, Capability.INTROSPECTION}
+    )
+    _store: Store
+    _leases: set[Any]
+
+    def _setup(self, url: LockURL) -> float:
         self._store, ttl = _open(url)
-        self._leases: set[SQLiteLease] = set()
-        super().__init__(url, default_ttl=ttl)
+        self._leases = set()
+        return ttl
 
-    def _try_acquire(self, name: str, ttl: float) -> SQLiteLease | None:
-        token = new_token()
-        fence = self._store.acquire(name, token, ttl)
+    def _granted(
+        self, cls: type[L], name: str, token: str, fence: int | None, ttl: float
+    ) -> L | None:
+        """The lease object for a granted acquire (``fence`` is ``None`` when refused)."""
         if fence is None:
             return None
-        lease = SQLiteLease(name, name, token, fence, ttl)
-        lease._locker = self
+        lease = cls(name, name, token, fence, ttl)
+        lease._locker = self  # type: ignore[assignment]
         self._leases.add(lease)
         return lease
 
     def locks(self) -> list[LockInfo]:
         """Every unexpired lock in the database, whoever holds it."""
         return self._store.holders()
+
+
+class SQLiteLocker(_SQLiteCommon, LockerBase):
+    """Sync locker of ``sqlite://``."""
+
+    def __init__(self, url: LockURL) -> None:
+        super().__init__(url, default_ttl=self._setup(url))
+
+    def _try_acquire(self, name: str, ttl: float) -> SQLiteLease | None:
+        token = new_token()
+        return self._granted(SQLiteLease, name, token, self._store.acquire(name, token, ttl), ttl)
 
     def _close(self) -> None:
         for lease in list(self._leases):
@@ -119,29 +133,16 @@ class SQLiteLocker(LockerBase):
         self._store.close()
 
 
-class AsyncSQLiteLocker(AsyncLockerBase):
-    """Async locker of ``sqlite://``."""
-
-    capabilities = _CAPABILITIES
+class AsyncSQLiteLocker(_SQLiteCommon, AsyncLockerBase):
+    """Async locker of ``sqlite://``: the same SQL, each call in a worker thread."""
 
     def __init__(self, url: LockURL) -> None:
-        self._store, ttl = _open(url)
-        self._leases: set[AsyncSQLiteLease] = set()
-        super().__init__(url, default_ttl=ttl)
+        super().__init__(url, default_ttl=self._setup(url))
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncSQLiteLease | None:
         token = new_token()
         fence = await asyncio.to_thread(self._store.acquire, name, token, ttl)
-        if fence is None:
-            return None
-        lease = AsyncSQLiteLease(name, name, token, fence, ttl)
-        lease._locker = self
-        self._leases.add(lease)
-        return lease
-
-    def locks(self) -> list[LockInfo]:
-        """Every unexpired lock in the database, whoever holds it."""
-        return self._store.holders()
+        return self._granted(AsyncSQLiteLease, name, token, fence, ttl)
 
     async def _close(self) -> None:
         for lease in list(self._leases):

@@ -148,12 +148,21 @@ def _short_run(monkeypatch: pytest.MonkeyPatch) -> None:
     real_run = multilock.Scheduler.run
 
     def run(self: multilock.Scheduler) -> None:
-        timer = threading.Timer(RUN_SECONDS, self.request_stop)
-        timer.start()
+        done = threading.Event()
+
+        def stop_when_due() -> None:
+            # Asked again until run() returns: a request before serve() began is a no-op.
+            if not done.wait(RUN_SECONDS):
+                while not done.wait(0.1):
+                    self.request_stop()
+
+        stopper = threading.Thread(target=stop_when_due, daemon=True)
+        stopper.start()
         try:
             real_run(self)
         finally:
-            timer.cancel()
+            done.set()
+            stopper.join()
 
     monkeypatch.setattr(multilock.Scheduler, "run", run)
 

@@ -1,0 +1,205 @@
+"""Network faults through a TCP proxy the tests control (``_proxy.FaultProxy``): a
+slow link, a blackhole (bytes vanish, connections stay open) and resets. Calls never
+hang past their timeouts; a blackholed holder learns it lost its lease before another
+replica can take the lock -- or, where the backend cannot make that so, the test
+states why (PostgreSQL keeps a dead link's session until its TCP connection ends)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import multilock
+from multilock.errors import BackendUnavailable, MultilockError
+from tests.reliability._common import fresh_name, poll, with_options
+from tests.reliability._proxy import FaultProxy
+from tests.reliability.conftest import Measured
+
+pytestmark = pytest.mark.faults
+
+BACKENDS = ["postgres", "redis", "zookeeper"]
+OPTIONS: dict[str, dict[str, object]] = {
+    "postgres": {"connect_timeout": "1s", "health_interval": "0.3s", "health_timeout": "0.5s"},
+    "redis": {"socket_timeout": "0.5s", "connect_timeout": "0.5s", "ttl": "1s"},
+    "zookeeper": {"session_timeout": "2s", "connect_timeout": "1s"},
+}
+TIMEOUT = {"postgres": 2.0, "redis": 1.0, "zookeeper": 1.0}
+"""The longest timeout the options above give one call: connect, or socket + connect
+(libpq waits at least 2 s whatever connect_timeout says)."""
+SLACK = 1.0  # a loaded 2-core machine
+DELAY = 0.05  # per chunk and direction: a 100 ms round trip
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each server backend."""
+    return str(request.param)
+
+
+@pytest.fixture
+def server(backend: str, request: pytest.FixtureRequest) -> str:
+    """The shared server's URL with this module's short timeouts."""
+    return with_options(request.getfixturevalue(f"{backend}_url"), **OPTIONS[backend])
+
+
+@pytest.fixture
+def proxy(server: str) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the shared server."""
+    with FaultProxy.before(server) as proxy:
+        yield proxy
+
+
+def timed(call: Callable[[], Any], limit: float) -> tuple[float, Any]:
+    """Run ``call`` in a thread; (seconds it took, its result or exception). A call
+    still running after ``limit`` is a hang: the test fails (the thread is abandoned)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(limit)
+    took = time.monotonic() - start
+    assert outcome, f"the call hung: still running after {limit:g} s"
+    return took, outcome[0]
+
+
+def test_slow_link_works(backend: str, server: str, proxy: FaultProxy, measured: Measured) -> None:
+    proxy.delay(DELAY)
+    with multilock.connect(proxy.url(server)) as locker:
+        locker.try_acquire(fresh_name("warm")).release()  # type: ignore[union-attr]
+        name = fresh_name("slow")
+        took, lease = timed(lambda: locker.try_acquire(name), TIMEOUT[backend] + SLACK)
+        assert lease is not None
+        assert not isinstance(lease, Exception), lease
+        released_in, released = timed(lease.release, TIMEOUT[backend] + SLACK)
+        assert released is True
+    measured(
+        f"{DELAY * 2000:g} ms round trip",
+        backend,
+        "acquire and release work, slower",
+        f"acquire {took * 1000:.0f} ms, release {released_in * 1000:.0f} ms",
+    )
+    assert took >= DELAY * 2
+
+
+def test_blackhole_never_hangs_a_call(
+    backend: str, server: str, proxy: FaultProxy, measured: Measured
+) -> None:
+    limit = TIMEOUT[backend] + SLACK
+    with multilock.connect(proxy.url(server)) as locker:
+        held = locker.try_acquire(fresh_name("held"))
+        assert held is not None
+        proxy.blackhole()
+        took, error = timed(lambda: locker.try_acquire(fresh_name("cut")), limit * 3)
+        released_in, released = timed(held.release, limit * 3)
+        proxy.heal()
+        proxy.drop_connections()
+        again = poll("the locker back after the blackhole", lambda: locker.try_acquire("x"), 10)
+        again.release()
+    measured(
+        "blackhole (bytes vanish, connections stay open)",
+        backend,
+        f"acquire raises BackendUnavailable, release returns, each within {limit:g} s",
+        f"acquire: {type(error).__name__} after {took:.2f} s; release: {released!r}"
+        f" after {released_in:.2f} s",
+    )
+    assert isinstance(error, BackendUnavailable), error
+    assert took <= limit
+    assert released_in <= limit
+    assert not isinstance(released, Exception) or isinstance(released, MultilockError)
+
+
+def test_blackhole_on_a_fresh_connection_never_hangs(
+    backend: str, server: str, proxy: FaultProxy, measured: Measured
+) -> None:
+    limit = TIMEOUT[backend] + SLACK
+    proxy.blackhole()
+    with multilock.connect(proxy.url(server)) as locker:
+        took, error = timed(lambda: locker.try_acquire(fresh_name("cut")), limit * 3)
+    measured(
+        "blackhole before connecting",
+        backend,
+        f"acquire raises BackendUnavailable within {limit:g} s",
+        f"{type(error).__name__} after {took:.2f} s",
+    )
+    assert isinstance(error, BackendUnavailable), error
+    assert took <= limit
+
+
+EXPECTED_TAKEOVER = {
+    "postgres": "lost by the health check; the server keeps the session (and the lock)"
+    " while the dead link's connection stays open: another replica takes it once that"
+    " connection ends",
+    "redis": "lost at the lease's expiry by the holder's clock, no later than the key's"
+    " expiry on the server",
+    "zookeeper": "lost when the connection is suspended (2/3 of the session timeout),"
+    " before the server expires the session",
+}
+
+
+def test_blackholed_holder_is_lost_before_another_takes_over(
+    backend: str, server: str, proxy: FaultProxy, measured: Measured
+) -> None:
+    name = fresh_name("blackholed")
+    with multilock.connect(proxy.url(server)) as holder, multilock.connect(server) as other:
+        lease = holder.try_acquire(name)
+        assert lease is not None
+        proxy.blackhole()
+        start = time.monotonic()
+        assert lease.lost.wait(10), "the blackholed holder never learnt it lost the lease"
+        lost_after = time.monotonic() - start
+        if backend == "postgres":
+            # Nothing tells the server the link is dead: the lock stays its session's.
+            assert other.try_acquire(name) is None
+            proxy.drop_connections()  # the connection ends (keepalive, or the link back)
+        taken = poll("another replica taking the lock", lambda: other.try_acquire(name), 10)
+        taken_after = time.monotonic() - start
+        taken.release()
+        proxy.heal()
+    measured(
+        "blackholed holder",
+        backend,
+        EXPECTED_TAKEOVER[backend],
+        f"lost after {lost_after:.2f} s; another replica took it after {taken_after:.2f} s",
+    )
+    assert lost_after <= taken_after
+
+
+def test_reset_loses_the_lease_and_the_locker_recovers(
+    backend: str, server: str, proxy: FaultProxy, measured: Measured
+) -> None:
+    limit = TIMEOUT[backend] + SLACK
+    with multilock.connect(proxy.url(server)) as locker:
+        lease = locker.try_acquire(fresh_name("reset"))
+        assert lease is not None
+        proxy.reset()
+        start = time.monotonic()
+        took, error = timed(lambda: locker.try_acquire(fresh_name("refused")), limit * 3)
+        assert lease.lost.wait(10), "a reset connection never fired lost"
+        lost_after = time.monotonic() - start
+        proxy.heal()
+        back = poll("the locker back after the resets", lambda: locker.try_acquire("y"), 10)
+        back_after = time.monotonic() - start
+        back.release()
+        # Never raises. Redis may still free the key: its lease is reported lost a
+        # little before the key's expiry (lost means "not confirmed", not "gone").
+        assert lease.release() in (True, False)
+    measured(
+        "connections reset",
+        backend,
+        f"acquire raises BackendUnavailable within {limit:g} s, lease lost, reconnects",
+        f"acquire: {type(error).__name__} after {took:.2f} s; lost after {lost_after:.2f} s;"
+        f" acquiring again {back_after - lost_after:.2f} s after the link healed",
+    )
+    assert isinstance(error, BackendUnavailable), error
+    assert took <= limit

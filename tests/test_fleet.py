@@ -43,17 +43,26 @@ ZOOKEEPER_SESSION = "session_timeout=4s"
 class Fleet:
     """Three replica processes and their run records."""
 
-    def __init__(self, url: str, workdir: Path, coordination: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        workdir: Path,
+        coordination: str,
+        offsets: tuple[float, ...] = OFFSETS,
+        timing: tuple[float, ...] = (SKEW_TOLERANCE, MISFIRE_GRACE, LEASE_TTL, LEADER_POLL),
+    ) -> None:
         self.url = url
         self.coordination = coordination
+        self.offsets = offsets
+        self.timing = timing  # skew_tolerance, misfire_grace, lease_ttl, leader_poll
         self.prefix = f"fleet-{uuid.uuid4().hex[:8]}"
-        self.records = [workdir / f"replica-{i}.log" for i in range(len(OFFSETS))]
-        self.logs = [workdir / f"replica-{i}.stderr" for i in range(len(OFFSETS))]
+        self.records = [workdir / f"replica-{i}.log" for i in range(len(offsets))]
+        self.logs = [workdir / f"replica-{i}.stderr" for i in range(len(offsets))]
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self) -> None:
-        for i, offset in enumerate(OFFSETS):
-            timing = (SKEW_TOLERANCE, MISFIRE_GRACE, LEASE_TTL, LEADER_POLL)
+        for i, offset in enumerate(self.offsets):
+            timing = self.timing
             argv = [self.url, self.prefix, str(JOBS), str(offset), str(self.records[i]), f"r{i}"]
             argv += [self.coordination, *(str(value) for value in timing)]
             with self.logs[i].open("w") as log:  # a file, not a pipe nobody drains

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["EventKind", "JobEvent", "Listener", "emit"]
+__all__ = ["EventKind", "JobEvent", "Listener", "emit", "wanted"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -62,6 +62,11 @@ _LEVELS = {
     EventKind.MISSED: logging.WARNING,
     EventKind.LEASE_LOST: logging.ERROR,
 }
+
+
+def wanted(kind: EventKind, listeners: list[Listener]) -> bool:
+    """Whether an event of ``kind`` would be seen: a listener, or its log level enabled."""
+    return bool(listeners) or log.isEnabledFor(_LEVELS[kind])
 
 
 def emit(event: JobEvent, listeners: list[Listener]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable
 from typing import Any
 
@@ -12,7 +13,7 @@ from ._events import EventKind
 from ._jobs import Job, RunContext, start_run
 from ._signal import LostSignal
 
-__all__ = ["Outcome", "await_lost", "supervise", "wait_quietly"]
+__all__ = ["Outcome", "Wakeup", "supervise", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -34,15 +35,17 @@ async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | 
     except Exception as exc:  # calling an async job failed before it ran (its arguments)
         return EventKind.FAILED, exc, None
     body.add_done_callback(_consume)
-    guards: dict[asyncio.Future[Any], Outcome] = {}
+    # One future woken by whichever comes first: no guard tasks, no asyncio.wait.
+    wake = Wakeup()
+    body.add_done_callback(wake)
     if lost is not None:
-        guards[asyncio.ensure_future(await_lost(lost))] = (EventKind.LEASE_LOST, None, None)
+        lost.add_callback(wake.from_any_thread)
+    timer: asyncio.Future[None] | None = None
     if job.timeout is not None:
-        deadline = clock.now() + job.timeout
-        timed_out: Outcome = (EventKind.TIMED_OUT, None, f"timeout of {job.timeout}s")
-        guards[asyncio.ensure_future(clock.sleep_until(deadline))] = timed_out
+        timer = asyncio.ensure_future(clock.sleep_until(clock.now() + job.timeout))
+        timer.add_done_callback(wake)
     try:
-        done, _ = await asyncio.wait({body, *guards}, return_when=asyncio.FIRST_COMPLETED)
+        await wake.wait()
     except asyncio.CancelledError:
         # Shutdown past its stop timeout: ask the body to stop, but do not wait for
         # it -- the caller releases the lease and a stuck worker thread is abandoned.
@@ -52,26 +55,61 @@ async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | 
             log.warning("job %s: its worker thread is still running at shutdown", job.name)
         raise
     finally:
-        for guard in guards:
-            guard.cancel()
-    if body in done:
+        body.remove_done_callback(wake)
+        if lost is not None:
+            lost.remove_callback(wake.from_any_thread)
+        if timer is not None:
+            timer.cancel()
+    if body.done():
         if body.cancelled():
             return EventKind.FAILED, None, "the job cancelled itself"
         error = body.exception()
         if error is not None:
             return EventKind.FAILED, error, None
         return EventKind.SUCCEEDED, None, None
-    fired = next(guard for guard in guards if guard in done)
-    kind, _, reason = guards[fired]
-    if kind is EventKind.LEASE_LOST and lost is not None:
-        reason = lost.reason or "lease lost"
+    if lost is not None and lost.is_set():
+        outcome: Outcome = (EventKind.LEASE_LOST, None, lost.reason or "lease lost")
+    else:
+        outcome = (EventKind.TIMED_OUT, None, f"timeout of {job.timeout}s")
     await _stop_body(body, run)
-    return kind, None, reason
+    return outcome
 
 
-async def await_lost(lost: LostSignal) -> str:
-    """The reason, once ``lost`` fires (a coroutine, for tasks and ``asyncio.wait``)."""
-    return await lost
+class Wakeup:
+    """A future to await, completed by the first of several sources: done callbacks of
+    futures (``fut.add_done_callback(wakeup)``), a lost signal from any thread
+    (``signal.add_callback(wakeup.from_any_thread)``), or a direct call.
+
+    Cheaper than a task per source and ``asyncio.wait``. :meth:`wait` arms a new
+    future each time; a wake while none is armed is dropped, so re-check the
+    conditions before each :meth:`wait` (nothing can happen between the check and
+    the wait: both run on the loop without yielding).
+    """
+
+    __slots__ = ("_future", "_loop", "_thread")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._future: asyncio.Future[None] | None = None
+
+    def wait(self) -> asyncio.Future[None]:
+        """A fresh future, completed by the next wake."""
+        self._future = self._loop.create_future()
+        return self._future
+
+    def __call__(self, *_: object) -> None:
+        """Wake the waiter (on the loop's thread)."""
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def from_any_thread(self, *_: object) -> None:
+        """Wake the waiter from whichever thread calls (a backend's lost signal)."""
+        if threading.get_ident() == self._thread:
+            self()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self)
 
 
 async def _stop_body(body: asyncio.Future[Any], run: RunContext) -> None:

@@ -14,14 +14,14 @@ from typing import Any, Literal, TypeVar, Unpack
 
 from ._clock import Clock, SystemClock
 from ._durations import Duration, parse_duration
-from ._events import EventKind, JobEvent, Listener, emit, log
+from ._events import EventKind, JobEvent, Listener, emit, log, wanted
 from ._file import default_directory
 from ._jobs import Job, JobDefaults, JobOptions, RunContext, make_job, validate_schedule
 from ._keys import advisory_key
 from ._leases import Leadership, keep_alive
 from ._metrics import metrics_listener
 from ._registry import connect_async
-from ._runs import await_lost, supervise, wait_quietly
+from ._runs import Wakeup, supervise, wait_quietly
 from ._service import Service
 from ._signal import LostSignal
 from ._sync_adapter import AsyncView
@@ -47,6 +47,7 @@ class _JobState:
     busy: bool = False  # a run is not over: its body, lease hold or release
     holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    watchers: list[Callable[[], object]] = field(default_factory=list)  # called on notify
 
     def claim(self) -> None:
         """Mark a run as started, so that no other tick claims the job meanwhile."""
@@ -56,6 +57,8 @@ class _JobState:
         """Wake whoever waits for this job's state to change."""
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
+        for watcher in self.watchers:
+            watcher()
 
     def settle(self) -> None:
         """The run is over and its lease released."""
@@ -532,18 +535,18 @@ class Scheduler(Service):
             until = min(until, following)
         state.holding = lease
         state.notify()
+        wake = Wakeup()
         end = asyncio.ensure_future(self.clock.sleep_until(until.timestamp()))
-        lost = asyncio.ensure_future(await_lost(lease.lost))
+        end.add_done_callback(wake)
+        lease.lost.add_callback(wake.from_any_thread)
+        state.watchers.append(wake)
         try:
-            while state.holding is lease and not end.done() and not lost.done():
-                changed = asyncio.ensure_future(state.changed.wait())
-                try:
-                    await asyncio.wait({end, lost, changed}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    changed.cancel()
+            while state.holding is lease and not end.done() and not lease.lost.is_set():
+                await wake.wait()
         finally:
+            state.watchers.remove(wake)
+            lease.lost.remove_callback(wake.from_any_thread)
             end.cancel()
-            lost.cancel()
         if state.holding is lease:
             state.holding = None
             return False
@@ -560,5 +563,7 @@ class Scheduler(Service):
         error: BaseException | None = None,
         reason: str | None = None,
     ) -> None:
+        if not wanted(kind, self._listeners):
+            return  # nobody would see it: skip building the event (twice a run)
         event = JobEvent(kind, job.name, fire, self.replica_id, duration, delay, error, reason)
         emit(event, self._listeners)

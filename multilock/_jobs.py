@@ -41,7 +41,7 @@ class Job:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property  # asked on every run; func never changes
     def is_async(self) -> bool:
         """Whether ``func`` is a coroutine function (else it runs in a worker thread)."""
         func: Any = self.func

@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["DOC", "RESULTS_ENV", "Row", "load", "render", "save", "update_doc"]
+__all__ = ["DOC", "END", "RESULTS_ENV", "START", "Row", "load", "render", "save", "update_doc"]
 
 RESULTS_ENV = "MULTILOCK_RELIABILITY_RESULTS"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"

@@ -2,8 +2,8 @@
 
 Every test here records what it measured through the ``measured`` fixture; the rows
 (and whether their test passed) are written at the end of the session to the file
-named by ``MULTILOCK_RELIABILITY_RESULTS``, from which docs/reliability.md's table is
-made (see ``_results.py``).
+named by ``MULTILOCK_RELIABILITY_RESULTS``, replacing the rows of the tests that ran.
+docs/reliability.md's table is made from that file (see ``_results.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.reliability._results import RESULTS_ENV, Row, save  # noqa: E402
+from tests.reliability._results import RESULTS_ENV, Row, load, save  # noqa: E402
 
 Measured = Callable[[str, str, str, str], None]
 _ROWS = pytest.StashKey[list[Row]]()
@@ -43,7 +43,11 @@ def _all_rows(pytestconfig: pytest.Config) -> Iterator[list[Row]]:
     yield rows
     target = os.environ.get(RESULTS_ENV)
     if target and rows:
-        save(rows, Path(target))
+        # Merged into what is there: a run of some tests updates only their rows.
+        path = Path(target)
+        ran = {row.test for row in rows}
+        kept = [row for row in load(path) if row.test not in ran] if path.exists() else []
+        save(kept + rows, path)
 
 
 @pytest.fixture

@@ -27,8 +27,9 @@ from tests.reliability.conftest import Measured
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-SECONDS = float(os.environ.get("MULTILOCK_RELIABILITY_LOAD_SECONDS", "30"))
-"""How long each backend is loaded (the issue asks for 30 s)."""
+SECONDS = float(os.environ.get("MULTILOCK_RELIABILITY_LOAD_SECONDS", "20"))
+"""How long each backend is loaded: the issue asks for 30 s, which the committed
+results were measured with; 20 s by default keeps this directory near its CI budget."""
 PROCESSES = 4
 CONTENDERS = 50  # per process: 200 in all
 LOCKERS = 5  # per process: ten contenders share each connection

@@ -104,7 +104,7 @@ def test_password_never_shown(
     caplog.set_level(logging.DEBUG)
     said = _everything_said(secret_url, caplog)
     leaks = [text for text in said if SECRET in text]
-    backend = LockURL.parse(secret_url).scheme
+    backend = LockURL.parse(secret_url).scheme.replace("postgresql", "postgres")
     measured(
         "password in the URL",
         backend,

@@ -26,6 +26,7 @@ from multilock.backend import mask_url
 __all__ = [
     "OURS",
     "RAW",
+    "TARGETS",
     "AsyncCycle",
     "SyncCycle",
     "Table",
@@ -44,7 +45,9 @@ SyncCycle = Callable[[], object]
 AsyncCycle = Callable[[], Awaitable[object]]
 Samples = dict[str, list[float]]
 WARM_UP = 50
+ROUND_BUDGET = 0.5  # seconds a variant may spend in one round
 OURS, RAW = "multilock", "raw"
+TARGETS = {"sync": 1.10, "async": 1.30}  # multilock's median over raw's, at most
 _SERVERS = {
     "postgresql": ("MULTILOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     "redis": ("MULTILOCK_REDIS_URL", "redis://127.0.0.1:6379/15"),
@@ -72,8 +75,13 @@ def reachable(url: str) -> bool:
 
 
 def interleave(variants: Mapping[str, SyncCycle], rounds: int, per_round: int) -> Samples:
-    """Microseconds per cycle of each variant, after a warm-up of each."""
+    """Microseconds per cycle of each variant, after a warm-up of each.
+
+    A variant stops its round early once it has used :data:`ROUND_BUDGET`: a peer
+    thirty times slower than the rest would otherwise take most of the run.
+    """
     clock = time.perf_counter_ns
+    budget = ROUND_BUDGET * 1e9
     samples: Samples = {name: [] for name in variants}
     for cycle in variants.values():
         for _ in range(WARM_UP):
@@ -83,10 +91,13 @@ def interleave(variants: Mapping[str, SyncCycle], rounds: int, per_round: int) -
         random.shuffle(order)
         for name in order:
             cycle, out = variants[name], samples[name]
+            began = clock()
             for _ in range(per_round):
                 start = clock()
                 cycle()
                 out.append((clock() - start) / 1000.0)
+                if start - began > budget:
+                    break
     return samples
 
 
@@ -95,6 +106,7 @@ async def interleave_async(
 ) -> Samples:
     """:func:`interleave` for coroutine functions, awaited on the running loop."""
     clock = time.perf_counter_ns
+    budget = ROUND_BUDGET * 1e9
     samples: Samples = {name: [] for name in variants}
     for cycle in variants.values():
         for _ in range(WARM_UP):
@@ -104,10 +116,13 @@ async def interleave_async(
         random.shuffle(order)
         for name in order:
             cycle, out = variants[name], samples[name]
+            began = clock()
             for _ in range(per_round):
                 start = clock()
                 await cycle()
                 out.append((clock() - start) / 1000.0)
+                if start - began > budget:
+                    break
     return samples
 
 
@@ -150,7 +165,7 @@ class Table:
 
     backend: str
     api: str
-    cycles: int
+    cycles: int  # timed cycles of the variant with the fewest
     medians: dict[str, float]
     p99s: dict[str, float]
     floor: str
@@ -195,7 +210,7 @@ def report(
     table = Table(
         backend=backend,
         api=api,
-        cycles=len(samples[RAW]),
+        cycles=min(len(values) for values in samples.values()),
         medians={variant: statistics.median(values) for variant, values in samples.items()},
         p99s={variant: p99(values) for variant, values in samples.items()},
         floor=floor,
@@ -203,7 +218,7 @@ def report(
         target=target,
     )
     medians = table.medians
-    print(f"\n{backend} {api} API ({table.cycles} cycles per variant)")
+    print(f"\n{backend} {api} API (at least {table.cycles} cycles per variant)")
     print(f"  {'variant':<20} {'median µs':>10} {'p99 µs':>10} {'vs raw':>8}")
     for variant in sorted(samples, key=medians.__getitem__):
         print(

@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 from _cycle import (
+    TARGETS,
     SyncCycle,
     Table,
     interleave,
@@ -41,7 +42,6 @@ from multilock import advisory_key
 from multilock.backend import LockURL
 from multilock_postgres._config import parse_settings
 
-TARGETS = {"sync": 1.10, "async": 1.30}
 QUICK, FULL = (5, 100), (40, 500)  # (rounds, cycles per round)
 NAME = "multilock-benchmark-cycle"
 KEY = advisory_key(NAME)

@@ -35,6 +35,7 @@ import redis.asyncio
 from _cycle import (
     OURS,
     RAW,
+    TARGETS,
     AsyncCycle,
     SyncCycle,
     Table,
@@ -51,7 +52,6 @@ import multilock
 from multilock.backend import LockURL
 from multilock_redis._config import parse_config
 
-TARGETS = {"sync": 1.10, "async": 1.30}
 # (rounds, cycles per round): short rounds, many of them, so that load drift on a
 # shared machine lands on every variant alike.
 QUICK, FULL = (5, 40), (200, 25)

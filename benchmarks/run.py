@@ -2,7 +2,7 @@
 
     python benchmarks/run.py                # the full run (about ten minutes)
     python benchmarks/run.py --quick        # CI smoke: all of it, small and short
-    python benchmarks/run.py --only cycle,many --out /tmp/bench
+    python benchmarks/run.py --only cycle,many --out build/bench
 
 Sections: ``cycle`` (uncontended try_acquire + release per backend, sync and
 async, against the raw client, the server's round trip and the peers), ``many``

@@ -35,6 +35,7 @@ from typing import Any
 from _cycle import (
     OURS,
     RAW,
+    TARGETS,
     AsyncCycle,
     SyncCycle,
     Table,
@@ -51,7 +52,6 @@ import multilock
 from multilock.backend import LockURL
 from multilock_zookeeper._config import Config
 
-TARGETS = {"sync": 1.10, "async": 1.30}
 QUICK, FULL = (2, 50), (10, 200)  # (rounds, cycles per round)
 FLOOR = "exists"
 PEERS = ("kazoo Lock", "tooz")

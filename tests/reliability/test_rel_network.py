@@ -275,9 +275,9 @@ def test_blackholed_job_is_cancelled_before_another_takes_over(
 ) -> None:
     expected = "its job is cancelled before another replica can take the lock"
     try:
-        _, seen = timed(lambda: asyncio.run(_cancelled_then_taken(backend, server, proxy)), 30)
+        _, seen = timed(lambda: asyncio.run(_cancelled_then_taken(backend, server, proxy)), 15)
     except AssertionError:
-        measured("blackholed scheduler replica running a job", backend, expected, "hung > 30 s")
+        measured("blackholed scheduler replica running a job", backend, expected, "hung > 15 s")
         raise
     if isinstance(seen, Exception):
         raise seen

@@ -11,7 +11,6 @@ acquire interrupted by cancellation undone once the server has answered.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -20,7 +19,6 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from ._durations import Duration, parse_duration
-from ._shield import run_to_end
 from ._signal import LostSignal
 from ._url import LockURL
 from .abc import Capability, LockInfo
@@ -174,13 +172,12 @@ async def finish_shielded(work: Awaitable[T]) -> T:
     waits for the work, then re-raises the cancellation. That is the
     ``context.WithoutCancel`` of the seed pattern: a release that has started
     finishes before ``asyncio.run`` or a task group tears the loop down.
+
+    The work runs in a task of its own, on purpose: timeouts *inside* it
+    (redis-py's ``socket_timeout`` is an ``asyncio.timeout`` that cancels the
+    current task) must still fire. Driving it in the caller's task with
+    cancellation held back was tried and made a blackholed release hang.
     """
-    if inspect.iscoroutine(work):
-        outcome: tuple[T, bool] = await run_to_end(work)
-        if outcome[1]:
-            raise asyncio.CancelledError
-        return outcome[0]
-    # A future or a task: it runs on its own anyway, shield() only stops it being cancelled.
     task: asyncio.Future[T] = asyncio.ensure_future(work)
     cancelled = False
     while True:
@@ -348,10 +345,17 @@ R = TypeVar("R")
 async def _undo_on_cancel(work: Coroutine[Any, Any, R], leases_of: Callable[[R], list[Any]]) -> R:
     """Await an acquire; if the caller is cancelled meanwhile, let the server answer,
     release whatever it granted, then re-raise the cancellation."""
-    granted, cancelled = await run_to_end(work)
-    if not cancelled:
-        return granted
-    for lease in leases_of(granted):
-        if lease is not None:
-            await lease.release()  # itself run to its end: see finish_shielded
-    raise asyncio.CancelledError
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.done() and task.cancelled():
+            raise
+        try:
+            granted = await finish_shielded(task)
+        except BaseException:  # the acquire failed on its own: nothing to undo
+            raise asyncio.CancelledError from None
+        for lease in leases_of(granted):
+            if lease is not None:
+                await lease.release()
+        raise

@@ -258,18 +258,7 @@ async def _cancelled_then_taken(backend: str, server: str, proxy: FaultProxy) ->
     return seen
 
 
-HANGS = pytest.mark.xfail(
-    reason="known bug: an async Redis lease's release() after its lease was lost on a"
-    " blackholed link never returns (socket_timeout not applied); the scheduler's job"
-    " task then hangs in its shielded release",
-    raises=AssertionError,
-    strict=True,
-)
-
-
-@pytest.mark.parametrize(
-    "backend", ["postgres", pytest.param("redis", marks=HANGS), "zookeeper"], indirect=True
-)
+@pytest.mark.parametrize("backend", ["postgres", "redis", "zookeeper"], indirect=True)
 def test_blackholed_job_is_cancelled_before_another_takes_over(
     backend: str, server: str, proxy: FaultProxy, measured: Measured
 ) -> None:

@@ -23,15 +23,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._conformance import ConformanceTests
     from ._harness import Harness
+    from ._poll import apoll, poll
     from ._servers import require_backends, server_url
 
-__all__ = ["ConformanceTests", "Harness", "require_backends", "server_url"]
+__all__ = ["ConformanceTests", "Harness", "apoll", "poll", "require_backends", "server_url"]
 
 # Imported on first use: the suite's child processes import this package too,
 # and must not pay for pytest on every start.
 _HOMES = {
     "ConformanceTests": "._conformance",
     "Harness": "._harness",
+    "apoll": "._poll",
+    "poll": "._poll",
     "require_backends": "._servers",
     "server_url": "._servers",
 }

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import multilock
 from multilock._registry import backend_for
 from multilock.backend import LockURL
-from multilock.errors import BackendUnavailable
+from multilock.testing import apoll, poll
 
 __all__ = [
     "SERVER_BACKENDS",
@@ -24,8 +20,6 @@ __all__ = [
 ]
 
 SERVER_BACKENDS = ("postgres", "redis", "zookeeper")
-
-T = TypeVar("T")
 
 
 def fresh_name(what: str) -> str:
@@ -49,36 +43,3 @@ def hooks(url: str) -> multilock.backend.ConformanceHooks:
 def crash_bound(url: str, ttl: float) -> float:
     """The backend's declared bound for a dead holder's lock to be free again."""
     return hooks(url).crash_release_bound(LockURL.parse(url), ttl)
-
-
-def poll(what: str, probe: Callable[[], T | None], within: float, every: float = 0.02) -> T:
-    """``probe()`` until it returns something truthy (``BackendUnavailable`` counts as
-    not yet); fail naming ``what`` after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            result = probe()
-        except BackendUnavailable:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still not so after {within:g} s")
-        time.sleep(every)
-
-
-async def apoll(
-    what: str, probe: Callable[[], Awaitable[T | None]], within: float, every: float = 0.02
-) -> T:
-    """The async :func:`poll`."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            result = await probe()
-        except BackendUnavailable:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still not so after {within:g} s")
-        await asyncio.sleep(every)

@@ -20,6 +20,7 @@ import pytest
 
 import multilock
 from multilock.errors import BackendUnavailable
+from multilock.testing import poll as _poll
 from multilock.testing import require_backends
 
 pytestmark = pytest.mark.faults
@@ -92,17 +93,8 @@ def private_zookeeper(
 
 
 def poll(what: str, probe: Callable[[], Any], within: float = BOUND) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            result = probe()
-        except BackendUnavailable:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still not true after {within:g} s")
-        time.sleep(0.05)
+    """Poll ``probe`` with this module's bound (see multilock.testing.poll)."""
+    return _poll(what, probe, within, 0.05)
 
 
 def test_server_down_loses_the_lease_raises_promptly_then_recovers(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,20 +19,15 @@ from kazoo.client import KazooClient
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import InvalidLockName, LockLost, NotOwner
+from multilock.testing import poll as _poll
 from multilock_zookeeper import backend
 
 BOUND = 10.0  # seconds any of these transitions may take before the test fails
 
 
 def poll(what: str, probe: Callable[[], Any], within: float = BOUND) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still not true after {within:g} s")
-        time.sleep(0.02)
+    """Poll ``probe`` with this module's bound (see multilock.testing.poll)."""
+    return _poll(what, probe, within, not_yet=())
 
 
 def drop_connection(locker: Any) -> None:

@@ -27,7 +27,7 @@ from tests.reliability.conftest import Measured
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-SECONDS = float(os.environ.get("MULTILOCK_RELIABILITY_LOAD_SECONDS", "20"))
+SECONDS = float(os.environ.get("MULTILOCK_RELIABILITY_LOAD_SECONDS", "30"))
 """How long each backend is loaded: the issue asks for 30 s, which the committed
 results were measured with; 20 s by default keeps this directory near its CI budget."""
 PROCESSES = 4

@@ -21,6 +21,15 @@ from ._app import cli, handle_errors
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields a caller attached to ``record`` (``extra=...``)."""
+    return {
+        key: value
+        for key, value in vars(record).items()
+        if key not in _STANDARD and not key.startswith("_")
+    }
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and the structured fields."""
 
@@ -32,11 +41,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": mask_url(record.getMessage()),
         }
-        data.update(
-            (key, value)
-            for key, value in vars(record).items()
-            if key not in _STANDARD and not key.startswith("_")
-        )
+        data.update(_fields(record))
         if record.exc_info:
             data["traceback"] = self.formatException(record.exc_info)
         return json.dumps(data, default=str)
@@ -51,7 +56,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         """The classic line plus the record's extra fields."""
         line = mask_url(super().format(record))
-        extra = [f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD]
+        extra = [f"{k}={v}" for k, v in _fields(record).items()]
         return f"{line} [{' '.join(extra)}]" if extra else line
 
 

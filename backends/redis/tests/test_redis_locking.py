@@ -48,31 +48,41 @@ def _held_async(lease: object) -> AsyncRedisLease:
     return lease
 
 
-def _count_round_trips(client: Any) -> list[tuple[Any, ...]]:
-    """Record every command ``client`` sends (wraps its execute_command)."""
-    sent: list[tuple[Any, ...]] = []
-    original = client.execute_command
+def _count_round_trips(locker: RedisLocker) -> list[str]:
+    """Record the name of every command ``locker`` sends, on its own connection
+    or through its client's pool."""
+    sent: list[str] = []
+    client = locker._link._client
+    connection: Any = locker._link._connection
+    connection.connect()  # the handshake (HELLO, SELECT...) is once per connection, not per call
+    execute: Any = client.execute_command
+    send: Any = connection.send_packed_command
 
-    def recording(*args: Any, **options: Any) -> Any:
-        sent.append(args)
-        return original(*args, **options)
+    def executing(*args: Any, **options: Any) -> Any:
+        sent.append(args[0])
+        return execute(*args, **options)
 
-    client.execute_command = recording
+    def sending(command: list[bytes], check_health: bool = True) -> None:
+        sent.append(command[0].split(b"\r\n")[2].decode())  # *N, $len, then the name
+        send(command, check_health)
+
+    client.execute_command = executing  # type: ignore[method-assign]
+    connection.send_packed_command = sending
     return sent
 
 
 def test_acquire_and_release_are_one_round_trip_each(locker: RedisLocker, name: str) -> None:
-    sent = _count_round_trips(locker._client)
+    sent = _count_round_trips(locker)
     lease = _held(locker.try_acquire(name))
-    assert [args[0] for args in sent] == ["EVALSHA"]
+    assert sent == ["EVALSHA"]
     assert lease.release()
-    assert [args[0] for args in sent] == ["EVALSHA", "EVALSHA"]
+    assert sent == ["EVALSHA", "EVALSHA"]
 
 
 def test_try_acquire_many_is_one_round_trip(locker: RedisLocker, name: str) -> None:
     names = [f"{name}-{i}" for i in range(50)]
     held = locker.try_acquire(names[7])
-    sent = _count_round_trips(locker._client)
+    sent = _count_round_trips(locker)
     leases = locker.try_acquire_many(names)
     assert len(sent) == 1
     assert list(leases) == names
@@ -82,7 +92,7 @@ def test_try_acquire_many_is_one_round_trip(locker: RedisLocker, name: str) -> N
 
 
 def test_try_acquire_many_of_nothing_asks_nothing(locker: RedisLocker) -> None:
-    sent = _count_round_trips(locker._client)
+    sent = _count_round_trips(locker)
     assert locker.try_acquire_many([]) == {}
     assert sent == []
 

@@ -14,7 +14,7 @@ from .._common import RedisLockerCommon
 from .._config import async_client
 from .._errors import REDIS_ERRORS, translate
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
-from ._lua import run
+from ._lua import AsyncLink
 
 __all__ = ["AsyncRedisLease", "AsyncRedisLocker"]
 
@@ -50,13 +50,13 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
 
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
-        self._client = async_client(self._config)
+        self._link = AsyncLink(async_client(self._config))
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         keys, args, tokens = self._acquire_request([name], ttl)
         start = time.monotonic()
         try:
-            fence = await run(self._client, ACQUIRE, keys, args)
+            fence = await self._link.run(ACQUIRE, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted([name], keys, tokens, [fence], ttl, start)[name]
@@ -69,7 +69,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = await run(self._client, ACQUIRE_MANY, keys, args)
+            fences = await self._link.run(ACQUIRE_MANY, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted(names, keys, tokens, fences, ttl, start)
@@ -98,7 +98,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     async def _release_lease(self, lease: AsyncRedisLease) -> bool:
         self._untrack(lease)
         try:
-            freed = await run(self._client, RELEASE, [lease.key], [lease.token])
+            freed = await self._link.run(RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
@@ -108,7 +108,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     async def _extend_lease(self, lease: AsyncRedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:
-            answers = await run(self._client, EXTEND, [lease.key], [lease.token, self._ttl_ms(ttl)])
+            answers = await self._link.run(EXTEND, [lease.key], [lease.token, self._ttl_ms(ttl)])
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
@@ -117,8 +117,8 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         keys, tokens = self._drop_all()
         try:
             if keys:
-                await run(self._client, RELEASE_MANY, keys, list(tokens))
+                await self._link.run(RELEASE_MANY, keys, list(tokens))
         except REDIS_ERRORS as exc:
             self._close_failed(exc, len(keys))
         finally:
-            await self._client.aclose()
+            await self._link.aclose()

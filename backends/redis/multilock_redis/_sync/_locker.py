@@ -17,7 +17,7 @@ from .._common import RedisLockerCommon
 from .._config import sync_client
 from .._errors import REDIS_ERRORS, translate
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
-from ._lua import run
+from ._lua import SyncLink
 
 __all__ = ["RedisLease", "RedisLocker"]
 
@@ -53,13 +53,13 @@ class RedisLocker(RedisLockerCommon, LockerBase):
 
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
-        self._client = sync_client(self._config)
+        self._link = SyncLink(sync_client(self._config))
 
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
         keys, args, tokens = self._acquire_request([name], ttl)
         start = time.monotonic()
         try:
-            fence = run(self._client, ACQUIRE, keys, args)
+            fence = self._link.run(ACQUIRE, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted([name], keys, tokens, [fence], ttl, start)[name]
@@ -70,7 +70,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = run(self._client, ACQUIRE_MANY, keys, args)
+            fences = self._link.run(ACQUIRE_MANY, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
         return self._granted(names, keys, tokens, fences, ttl, start)
@@ -99,7 +99,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def _release_lease(self, lease: RedisLease) -> bool:
         self._untrack(lease)
         try:
-            freed = run(self._client, RELEASE, [lease.key], [lease.token])
+            freed = self._link.run(RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
@@ -109,7 +109,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def _extend_lease(self, lease: RedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:
-            answers = run(self._client, EXTEND, [lease.key], [lease.token, self._ttl_ms(ttl)])
+            answers = self._link.run(EXTEND, [lease.key], [lease.token, self._ttl_ms(ttl)])
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
@@ -118,8 +118,8 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         keys, tokens = self._drop_all()
         try:
             if keys:
-                run(self._client, RELEASE_MANY, keys, list(tokens))
+                self._link.run(RELEASE_MANY, keys, list(tokens))
         except REDIS_ERRORS as exc:
             self._close_failed(exc, len(keys))
         finally:
-            self._client.close()
+            self._link.close()

@@ -135,6 +135,17 @@ def _validate_arguments(job: Job) -> None:
         raise ConfigurationError(f"job {job.name!r}: arguments do not fit: {exc}") from None
 
 
+def hold_span(job: Job, skew_tolerance: float) -> float:
+    """How long after a tick's fire time its winner keeps the lease (never past the next
+    fire time): ``2 x skew_tolerance + misfire_grace``.
+
+    Every replica's clock is within ``skew_tolerance`` of true time, so two clocks differ
+    by up to twice that, and a replica may try the lock up to ``misfire_grace`` after the
+    fire time by its own clock: the lease must still be held then (docs/scheduler.md).
+    """
+    return 2 * skew_tolerance + job.misfire_grace
+
+
 def validate_schedule(job: Job, now: datetime, skew_tolerance: float) -> None:
     """Refuse a trigger that never fires, or fires faster than ``skew_tolerance`` allows."""
     try:
@@ -154,10 +165,11 @@ def validate_schedule(job: Job, now: datetime, skew_tolerance: float) -> None:
         gap = following - previous
         shortest = gap if shortest is None else min(shortest, gap)
         previous = following
-    if shortest is not None and shortest.total_seconds() <= skew_tolerance:
+    if shortest is not None and shortest.total_seconds() <= 2 * skew_tolerance:
         raise ConfigurationError(
-            f"job {job.name!r}: skew_tolerance {skew_tolerance}s must be shorter than the"
-            f" shortest interval between its fire times ({shortest.total_seconds()}s)"
+            f"job {job.name!r}: skew_tolerance {skew_tolerance:g}s lets two replicas' clocks"
+            f" differ by {2 * skew_tolerance:g}s, which must be shorter than the shortest"
+            f" interval between its fire times ({shortest.total_seconds():g}s)"
         )
 
 

@@ -16,7 +16,15 @@ from ._clock import Clock, SystemClock
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log, wanted
 from ._file import default_directory
-from ._jobs import Job, JobDefaults, JobOptions, RunContext, make_job, validate_schedule
+from ._jobs import (
+    Job,
+    JobDefaults,
+    JobOptions,
+    RunContext,
+    hold_span,
+    make_job,
+    validate_schedule,
+)
 from ._keys import advisory_key
 from ._leases import Leadership, keep_alive
 from ._metrics import metrics_listener
@@ -98,11 +106,14 @@ class Scheduler(Service):
     ``None`` for ``file://`` in a per-user directory (replicas on one host).
     A locker given is not closed by the scheduler.
     ``timezone`` (default UTC, never the host's) reads calendar triggers.
-    ``skew_tolerance``: how long after a tick its lease is kept, so that a
-    replica firing late skips it; must be shorter than every distributed job's
-    interval. ``misfire_grace`` (default ``skew_tolerance / 2``): how late a
-    tick may still run. ``coordination="leader"`` runs distributed jobs on one
-    elected replica instead of taking a lock per job. ``lease_ttl``: the ttl
+    ``skew_tolerance`` (default 250 ms): how far any replica's clock may be from
+    true time; a tick's winner keeps its lease until ``2 x skew_tolerance +
+    misfire_grace`` after the fire time (never past the next one), so that a
+    replica firing late skips it; twice the tolerance must be shorter than every
+    distributed job's interval.
+    ``misfire_grace`` (default ``skew_tolerance``): how late a tick may still
+    run. ``coordination="leader"`` runs distributed jobs on one elected replica
+    instead of taking a lock per job. ``lease_ttl``: the ttl
     margin of leases on TTL backends. ``stop_timeout``: how long shutdown waits
     for running jobs. ``clock`` drives every time decision (tests inject one).
     ``metrics`` records Prometheus metrics into ``registry`` when
@@ -115,7 +126,7 @@ class Scheduler(Service):
         lock: str | AsyncDistributedLock | DistributedLock | None = None,
         *,
         timezone: str = "UTC",
-        skew_tolerance: Duration = 1.0,
+        skew_tolerance: Duration = 0.25,
         misfire_grace: Duration | None = None,
         coalesce: bool = True,
         stop_timeout: Duration = 30.0,
@@ -139,7 +150,7 @@ class Scheduler(Service):
         self.timezone = as_timezone(timezone)
         self.skew_tolerance = parse_duration(skew_tolerance, what="skew_tolerance")
         self.misfire_grace = (
-            self.skew_tolerance / 2
+            self.skew_tolerance
             if misfire_grace is None
             else parse_duration(misfire_grace, what="misfire_grace")
         )
@@ -443,13 +454,15 @@ class Scheduler(Service):
             for due in shared:
                 if leader is None or not leader.held:
                     self._skip_held(due, "not the leader")
-                elif due.fire.timestamp() < self._leadership.since + self.skew_tolerance:
+                elif due.fire.timestamp() < self._leadership.since + 2 * self.skew_tolerance:
                     self._skip_held(due, "leadership too recent to rule out a late predecessor")
                 else:
                     self._spawn(self._execute(due, None, leader.lost, leader.fencing_token))
             return
         now = self.clock.now()
-        hold = max(due.fire.timestamp() + self.skew_tolerance - now for due in shared)
+        hold = max(
+            due.fire.timestamp() + hold_span(due.job, self.skew_tolerance) - now for due in shared
+        )
         try:
             leases = await self._locker.try_acquire_many(
                 [due.job.name for due in shared], ttl=max(hold, 0.0) + self.lease_ttl
@@ -525,11 +538,11 @@ class Scheduler(Service):
             log.warning("releasing the lease on %s failed", lease.name, exc_info=True)
 
     async def _hold(self, due: _Due, lease: AsyncLease) -> bool:
-        """Keep the lease until ``fire + skew_tolerance`` (never past the next fire time),
-        so that a replica firing this tick late finds it held. Returns whether the next
+        """Keep the lease until ``fire + hold_span`` (never past the next fire time), so
+        that a replica firing this tick late finds it held. Returns whether the next
         tick took the lease over meanwhile (then it is no longer ours to release)."""
         state = due.state
-        until = due.fire + timedelta(seconds=self.skew_tolerance)
+        until = due.fire + timedelta(seconds=hold_span(due.job, self.skew_tolerance))
         following = due.job.next_fire(due.fire)
         if following is not None:
             until = min(until, following)

@@ -1,6 +1,7 @@
 """The fleet test: three replica processes with skewed clocks, every backend.
 
-3 replicas (clock offsets -300 ms, 0, +300 ms), 20 jobs every second with
+3 replicas (clock offsets -300 ms, 0, +300 ms from true time, within the
+schedulers' 350 ms skew_tolerance), 20 jobs every second with
 ~1 ms bodies, for 20+ ticks: every (job, tick) must run exactly once, as
 recorded by the runs themselves. A second variant SIGKILLs one replica
 mid-way: still no duplicates, and the survivors run every later tick.
@@ -28,8 +29,9 @@ HELPER = Path(__file__).with_name("fleet_replica.py")
 OFFSETS = (-0.3, 0.0, 0.3)
 JOBS = 20
 TICKS = 22
-SKEW_TOLERANCE = 0.9  # above the 0.6 s clock spread, below the 1 s interval
-MISFIRE_GRACE = 0.25  # lateness + spread must stay below the tolerance
+SKEW_TOLERANCE = 0.35  # every clock within 350 ms of true time: 50 ms to spare each
+MISFIRE_GRACE = 0.25  # the hold, 2 x 0.35 + 0.25 = 0.95 s, stays below the 1 s interval
+HOLD = 2 * SKEW_TOLERANCE + MISFIRE_GRACE  # how long a tick's winner keeps its lease
 LEASE_TTL = 1.0  # on TTL backends, a killed replica's leases end soon after their hold
 LEADER_POLL = 0.25  # leader mode: how often followers try to take the lead
 KILL_AFTER = 5  # ticks into the window
@@ -148,10 +150,10 @@ def _recovery(url: str) -> float:
     parsed = LockURL.parse(url)
     hooks = backend_for(parsed.scheme).conformance
     assert hooks is not None, f"{parsed.scheme}:// ships no conformance hooks"
-    longest_ttl = SKEW_TOLERANCE + LEASE_TTL  # a lease's ttl: the hold, then the margin
+    longest_ttl = HOLD + LEASE_TTL  # a lease's ttl: the hold, then the margin
     # Leader mode adds the followers' poll, and a new leader skips the ticks within
-    # skew_tolerance of taking over.
-    return hooks.crash_release_bound(parsed, longest_ttl) + SKEW_TOLERANCE + LEADER_POLL + 1.0
+    # 2 x skew_tolerance of taking over.
+    return hooks.crash_release_bound(parsed, longest_ttl) + HOLD + LEADER_POLL + 1.0
 
 
 def _run_fleet(

@@ -61,10 +61,11 @@ def _read(directory: Path) -> dict[tuple[str, float], _Tick]:
 )
 @click.option(
     "--skew-tolerance",
-    default=600,
+    default=350,
     show_default=True,
-    type=click.IntRange(1, 999),
-    help="milliseconds a tick's lease is kept after its fire time",
+    type=click.IntRange(1, 499),
+    help="the schedulers' skew_tolerance in milliseconds: how far any replica's clock may be"
+    " from true time (misfire_grace is 200 ms)",
 )
 @click.option("--naive", is_flag=True, help="the plain lock-while-running pattern instead")
 @handle_errors
@@ -78,9 +79,10 @@ def demo(
 ) -> None:
     """Start replica processes running the same jobs every second and show who ran each tick.
 
-    With the default skew the replicas' clocks disagree by up to half a second,
-    yet every tick runs exactly once. --naive holds the lock only while the job
-    runs (the usual recipe) and shows the duplicates a late replica causes.
+    With the default skew the replicas' clocks disagree by up to half a second
+    (±250 ms, within the ±350 ms tolerance), yet every tick runs exactly once.
+    --naive holds the lock only while the job runs (the usual recipe) and shows
+    the duplicates a late replica causes.
     """
     console = Console(highlight=False)
     with tempfile.TemporaryDirectory(prefix="multilock-demo-") as tmp:
@@ -116,7 +118,7 @@ def demo(
             ended = False
             while not ended:
                 ended = all(child.poll() is not None for child in children)
-                settle = (skew / 1000) + skew_tolerance / 1000 + 0.5
+                settle = (skew / 1000) + 2 * skew_tolerance / 1000 + 0.7
                 ticks = _read(directory)
                 for key in sorted(ticks, key=lambda k: (k[1], k[0])):
                     if key in shown or (not ended and time.time() < key[1] + settle):

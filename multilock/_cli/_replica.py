@@ -39,6 +39,7 @@ async def _scheduled(args: argparse.Namespace, record: _Record) -> None:
         args.lock,
         clock=clock,
         skew_tolerance=args.skew_tolerance,
+        misfire_grace=args.misfire_grace,
         replica_id=args.id,
         metrics=False,
     )
@@ -56,7 +57,8 @@ async def _scheduled(args: argparse.Namespace, record: _Record) -> None:
     for name in args.jobs:
         scheduler.add_job(job, every(seconds=1, start=start), name=name)
     scheduler.add_listener(listen)
-    end = args.start + args.seconds - 1 + args.skew_tolerance + 0.3
+    # Hold the last tick as long as any other tick: a late replica must find it held.
+    end = args.start + args.seconds - 1 + 2 * args.skew_tolerance + args.misfire_grace + 0.3
     async with scheduler:
         await clock.sleep_until(end)
 
@@ -88,7 +90,8 @@ def main() -> None:
     parser.add_argument("--offset", type=float, default=0.0)
     parser.add_argument("--start", type=float, required=True)
     parser.add_argument("--seconds", type=int, required=True)
-    parser.add_argument("--skew-tolerance", type=float, default=0.6)
+    parser.add_argument("--skew-tolerance", type=float, default=0.35)
+    parser.add_argument("--misfire-grace", type=float, default=0.2)
     parser.add_argument("--record", required=True)
     parser.add_argument("--naive", action="store_true")
     parser.add_argument("jobs", nargs="+")

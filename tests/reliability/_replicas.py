@@ -18,7 +18,7 @@ __all__ = ["INTERVAL", "Outcome", "run_replicas"]
 
 INTERVAL = 2  # seconds between ticks
 RUN = 1.5  # how long each run takes: a fault lands while it runs
-SKEW = 0.4  # the schedulers' skew_tolerance (the hold after a run ends before the next tick)
+SKEW = 0.1  # skew_tolerance: one host, one clock; the hold is 2 x 0.1 + 0.3 (grace) = 0.5 s
 LEASE_TTL = 0.6  # TTL backends: the ttl past the hold, so a loss is noticed in < 1 s
 AFTER_RECOVERY_TICKS = 3
 

@@ -1,7 +1,7 @@
 """Clock skew: the fleet test's replica processes (tests/fleet_replica.py, driven by
-tests/test_fleet.py's ``Fleet``) with clocks spread up to skew_tolerance - 100 ms run
-every tick exactly once; spread beyond the tolerance, a behind replica runs ticks
-again, as docs/scheduler.md says ("Skew beyond the tolerance")."""
+tests/test_fleet.py's ``Fleet``) with clock offsets up to ±(skew_tolerance - 100 ms)
+run every tick exactly once; with offsets beyond the tolerance, a behind replica runs
+ticks again, as docs/scheduler.md says ("Skew beyond the tolerance")."""
 
 from __future__ import annotations
 
@@ -44,14 +44,15 @@ def _run(
 def test_skew_within_the_tolerance_runs_every_tick_once(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path, measured: Measured
 ) -> None:
-    skew, grace = 0.9, 0.05
-    spread = skew - 0.1
-    offsets = (-spread / 2, 0.0, spread / 2)
+    # The hold is 2 x 0.4 + 0.1 = 0.9 s, within the 1 s interval.
+    skew, grace = 0.4, 0.1
+    offset = skew - 0.1
+    offsets = (-offset, 0.0, offset)
     runs, expected = _run(request.getfixturevalue(f"{backend}_url"), tmp_path, offsets, skew, grace)
     twice = sum(1 for n in runs.values() if n > 1)
     missed = len(expected - set(runs))
     measured(
-        f"clocks {spread * 1000:.0f} ms apart, skew_tolerance {skew:g} s",
+        f"clock offsets ±{offset * 1000:.0f} ms, skew_tolerance {skew:g} s",
         backend,
         "every (job, tick) exactly once",
         f"{len(expected)} (job, tick): {twice} twice, {missed} missed",
@@ -63,15 +64,16 @@ def test_skew_within_the_tolerance_runs_every_tick_once(
 def test_skew_beyond_the_tolerance_runs_ticks_again(
     postgres_url: str, tmp_path: Path, measured: Measured
 ) -> None:
-    # Spread 0.5 s against a 0.3 s tolerance: the behind replica fires after the
-    # winner's hold ended, and well before the next tick.
-    skew, grace, spread = 0.3, 0.05, 0.5
-    offsets = (-spread / 2, spread / 2)
+    # Offsets ±250 ms against a 150 ms tolerance: the behind replica fires 500 ms
+    # after the ahead one, after the winner's hold (2 x 0.15 + 0.05 = 0.35 s) ended,
+    # and its own hold of the tick ends 150 ms before the ahead one tries the next.
+    skew, grace, offset = 0.15, 0.05, 0.25
+    offsets = (-offset, offset)
     runs, expected = _run(postgres_url, tmp_path, offsets, skew, grace)
     twice = sum(1 for n in runs.values() if n > 1)
     missed = len(expected - set(runs))
     measured(
-        f"clocks {spread * 1000:.0f} ms apart, skew_tolerance {skew:g} s",
+        f"clock offsets ±{offset * 1000:.0f} ms, skew_tolerance {skew:g} s",
         "postgres",
         "the behind replica runs ticks again (docs/scheduler.md, its limits)",
         f"{len(expected)} (job, tick): {twice} twice, {missed} missed",

@@ -20,14 +20,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-import redis
-
 from multilock.backend import LostSignal
 
 from ._config import RedisConfig, sync_client
 from ._errors import REDIS_ERRORS, translate
 from ._scripts import EXTEND, HELD_ELSEWHERE
-from ._sync._lua import run
+from ._sync._lua import SyncLink
 
 __all__ = ["Renewer", "ttl_ms"]
 
@@ -111,7 +109,7 @@ class Renewer:
             self._cond.notify()
 
     def _run(self) -> None:
-        client: redis.Redis | None = None
+        link: SyncLink | None = None
         timeout = math.inf
         try:
             while True:
@@ -120,21 +118,21 @@ class Renewer:
                 if due is None:
                     return
                 batch, budget = due
-                if client is None or not timeout <= budget <= 4 * timeout:
+                if link is None or not timeout <= budget <= 4 * timeout:
                     # Never wait on a socket past a lease's confirmed expiry: it must
                     # be reported lost by then, whatever the server does. (A new
                     # client is a new connection: not for every small change.)
-                    if client is not None:
-                        client.close()
-                    client, timeout = sync_client(self._config, budget), budget
+                    if link is not None:
+                        link.close()
+                    link, timeout = SyncLink(sync_client(self._config, budget)), budget
                 try:
-                    self._renew(client, batch)
+                    self._renew(link, batch)
                 except Exception:  # a bug must not stop renewal silently: report, retry
                     _log.exception("renewing %d lease(s) failed", len(batch))
                     self._failed(batch, "the renewal thread hit an unexpected error")
         finally:
-            if client is not None:
-                client.close()
+            if link is not None:
+                link.close()
 
     def _next_batch(self) -> tuple[list[RenewedLease], float] | None:
         """Wait (holding the condition) until some lease is due; ``None`` to stop.
@@ -159,14 +157,14 @@ class Renewer:
             self._cond.wait(wake - now)
         return None
 
-    def _renew(self, client: redis.Redis, batch: list[RenewedLease]) -> None:
+    def _renew(self, link: SyncLink, batch: list[RenewedLease]) -> None:
         ttls = [lease._ttl for lease in batch]
         args: list[str | int] = []
         for lease, ttl in zip(batch, ttls, strict=True):
             args += (lease.token, ttl_ms(ttl))
         sent = time.monotonic()
         try:
-            answers = run(client, EXTEND, [lease.key for lease in batch], args)
+            answers = link.run(EXTEND, [lease.key for lease in batch], args)
         except REDIS_ERRORS as exc:
             self._failed(batch, str(translate(exc, self._config.url, "renewing leases")))
             return

@@ -97,6 +97,36 @@ def test_try_acquire_many_of_nothing_asks_nothing(locker: RedisLocker) -> None:
     assert sent == []
 
 
+def test_a_call_finding_the_connection_busy_goes_through_the_pool(
+    locker: RedisLocker, name: str
+) -> None:
+    sent = _count_round_trips(locker)
+    assert locker._link._gate.enter()  # as if another thread were awaiting a reply on it
+    try:
+        lease = _held(locker.try_acquire(name))
+        assert lease.release()
+    finally:
+        locker._link._gate.leave()
+    assert sent == ["EVALSHA", "EVALSHA"]  # both through execute_command, none on the socket
+    assert locker.try_acquire(name) is not None  # and the connection is used again
+
+
+def test_concurrent_async_calls_share_the_connection_and_the_pool(
+    redis_url: str, name: str
+) -> None:
+    async def main() -> None:
+        async with multilock.connect_async(redis_url) as locker:
+            assert isinstance(locker, AsyncRedisLocker)
+            names = [f"{name}-{i}" for i in range(20)]
+            leases = await asyncio.gather(*(locker.try_acquire(n) for n in names))
+            held = [_held_async(lease) for lease in leases]
+            assert all(lease.fencing_token for lease in held)
+            assert await asyncio.gather(*(lease.release() for lease in held)) == [True] * 20
+            assert not locker._link._gate._busy
+
+    asyncio.run(main())
+
+
 def test_fencing_token_is_the_counter_and_increases(
     locker: RedisLocker, admin: redis.Redis, name: str
 ) -> None:
@@ -251,11 +281,11 @@ def test_renewal_survives_a_cpu_bound_sync_job(
 def test_many_leases_renew_in_one_round_trip_per_wake(locker: RedisLocker, name: str) -> None:
     leases = locker.try_acquire_many([f"{name}-{i}" for i in range(40)], ttl=RENEW_TTL)
     rounds: list[int] = []
-    original = locker._renewer._renew
+    original: Any = locker._renewer._renew
 
-    def counting(client: Any, batch: list[Any]) -> None:
+    def counting(link: Any, batch: list[Any]) -> None:
         rounds.append(len(batch))
-        original(client, batch)
+        original(link, batch)
 
     locker._renewer._renew = counting  # type: ignore[method-assign]
     time.sleep(RENEW_TTL * 2)  # let several renewal rounds happen

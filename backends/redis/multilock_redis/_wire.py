@@ -1,15 +1,19 @@
-"""What a locker's own connection needs: the RESP encoding of a command, and its gate.
+"""What a locker's own connection needs: the RESP encoding of a command, its gate, its socket.
 
-The generated sync code turns ``AsyncGate`` into ``SyncGate``; both are
-non-blocking, so a call that finds the connection busy goes through the client's
-pool instead of queueing behind a call that may be waiting out a socket timeout.
+The generated sync code turns ``AsyncGate`` and ``AsyncSocket`` into ``SyncGate``
+and ``SyncSocket``. Gates never block: a call that finds the connection busy goes
+through the client's pool instead of queueing behind a call that may be waiting
+out a socket timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import Any
 
-__all__ = ["AsyncGate", "SyncGate", "pack"]
+__all__ = ["AsyncGate", "AsyncSocket", "SyncGate", "SyncSocket", "pack"]
 
 
 def pack(args: tuple[str | int, ...]) -> bytes:
@@ -64,3 +68,39 @@ class SyncGate:
     def leave(self) -> None:
         """Give the connection back."""
         self._lock.release()
+
+
+class AsyncSocket:
+    """A connection of the client's pool's kind, and the deadline of one call on it.
+
+    The connection itself has no socket timeout: with one, redis-py wraps every
+    send in ``asyncio.wait_for``, a task of its own each time. One
+    ``asyncio.timeout`` around the whole call (connect, send, reply) bounds it
+    instead, at the client's socket timeout; redis-py disconnects the connection
+    when that cancels it.
+    """
+
+    __slots__ = ("connection", "timeout")
+
+    def __init__(self, pool: Any) -> None:
+        kwargs = pool.connection_kwargs
+        self.timeout: float | None = kwargs.get("socket_timeout")
+        self.connection: Any = pool.connection_class(**{**kwargs, "socket_timeout": None})
+
+    def deadline(self) -> AbstractAsyncContextManager[Any]:
+        """The bound of one call: a ``TimeoutError`` when it passes."""
+        return asyncio.timeout(self.timeout)
+
+
+class SyncSocket:
+    """:class:`AsyncSocket` for threads: the connection's own socket timeout bounds a call."""
+
+    __slots__ = ("connection", "timeout")
+
+    def __init__(self, pool: Any) -> None:
+        self.timeout: float | None = pool.connection_kwargs.get("socket_timeout")
+        self.connection: Any = pool.make_connection()
+
+    def deadline(self) -> nullcontext[None]:
+        """Nothing to add: every socket operation has its timeout."""
+        return nullcontext()

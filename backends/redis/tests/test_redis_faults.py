@@ -102,6 +102,41 @@ def test_frozen_server_raises_instead_of_hanging(throwaway_redis: Any) -> None:
         _recovers(locker, "thawed").release()
 
 
+def test_frozen_server_raises_instead_of_hanging_async(throwaway_redis: Any) -> None:
+    # The async link bounds each call itself (connect, handshake, send, reply):
+    # both a connection in use and a first connection must give up in time.
+    async def main() -> None:
+        async with multilock.connect_async(_url(throwaway_redis)) as locker:
+            lease = await locker.try_acquire("warm-up")
+            assert lease is not None
+            throwaway_redis.pause()
+            try:
+                async with multilock.connect_async(_url(throwaway_redis)) as fresh:
+                    for user in (locker, fresh):
+                        start = time.monotonic()
+                        with pytest.raises(BackendUnavailable, match="within"):
+                            await user.try_acquire("frozen")
+                        assert time.monotonic() - start < PROMPT
+                    start = time.monotonic()
+                    with pytest.raises(BackendUnavailable):
+                        await lease.release()
+                    assert time.monotonic() - start < PROMPT
+            finally:
+                throwaway_redis.resume()
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    thawed = await locker.try_acquire("thawed")
+                    break
+                except BackendUnavailable:
+                    assert time.monotonic() < deadline, "the async locker did not recover"
+                    await asyncio.sleep(0.05)
+            assert thawed is not None
+            assert await thawed.release()
+
+    asyncio.run(main())
+
+
 def test_lease_is_lost_by_its_expiry_when_redis_cannot_confirm_it(throwaway_redis: Any) -> None:
     with multilock.connect(_url(throwaway_redis, ttl=TTL)) as locker:
         start = time.monotonic()

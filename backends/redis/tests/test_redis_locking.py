@@ -53,7 +53,7 @@ def _count_round_trips(locker: RedisLocker) -> list[str]:
     or through its client's pool."""
     sent: list[str] = []
     client = locker._link._client
-    connection: Any = locker._link._connection
+    connection: Any = locker._link._socket.connection
     connection.connect()  # the handshake (HELLO, SELECT...) is once per connection, not per call
     execute: Any = client.execute_command
     send: Any = connection.send_packed_command

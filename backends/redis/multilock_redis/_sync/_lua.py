@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._config import SyncClient
 from .._scripts import Lua
-from .._wire import SyncGate, pack
+from .._wire import SyncGate, SyncSocket, pack
 
 __all__ = ["SyncLink", "run"]
 
@@ -47,9 +48,10 @@ def _evalsha(execute: Execute, script: Lua, keys: list[str], args: list[str | in
 class SyncLink:
     """A locker's way to Redis: a connection of its own, the client's pool when it is busy.
 
-    The connection is redis-py's, made by the client's pool with the client's
-    options (TLS, password, unix socket, db, timeouts, no retries) but never
-    returned to it. redis-py disconnects it on any error or timeout of a call, so
+    The connection is redis-py's, of the client's pool's kind and options (TLS,
+    password, unix socket, db, no retries) but never returned to it; each call on
+    it is bounded by the client's socket timeout (see :class:`AsyncSocket`).
+    redis-py disconnects it on any error, timeout or cancellation of a call, so
     that a failed call leaves no reply behind for the next one; the next call
     connects again. A call that finds it in use (another thread, or a task
     awaiting its reply) takes a pool connection rather than wait: waits would add
@@ -57,12 +59,11 @@ class SyncLink:
     not share the parent's socket.
     """
 
-    __slots__ = ("_client", "_connection", "_gate", "_pid")
+    __slots__ = ("_client", "_gate", "_pid", "_socket")
 
     def __init__(self, client: SyncClient) -> None:
         self._client = client
-        pool: Any = client.connection_pool  # untyped in redis-py
-        self._connection: Any = pool.make_connection()
+        self._socket = SyncSocket(client.connection_pool)
         self._gate = SyncGate()
         self._pid = os.getpid()
 
@@ -76,15 +77,19 @@ class SyncLink:
             self._gate.leave()
 
     def _execute(self, *args: str | int) -> Any:
-        connection = self._connection
-        # A list: the sync send_packed_command takes bytes as a sequence of chunks.
-        connection.send_packed_command([pack(args)])
-        return connection.read_response()
+        connection = self._socket.connection
+        try:
+            with self._socket.deadline():
+                # A list: the sync send_packed_command takes bytes as a sequence of chunks.
+                connection.send_packed_command([pack(args)])
+                return connection.read_response()
+        except TimeoutError:
+            raise RedisTimeoutError(f"no answer within {self._socket.timeout}s") from None
 
     def close(self) -> None:
         """Close the connection and the client's pool."""
         try:
             if self._pid == os.getpid():
-                self._connection.disconnect()
+                self._socket.connection.disconnect()
         finally:
             self._client.close()

@@ -13,6 +13,7 @@ __all__ = [
     "UNLOCK_ALL",
     "UNLOCK_MANY",
     "Statements",
+    "bigint_array",
     "ensure_sequence",
     "statements",
 ]
@@ -39,9 +40,15 @@ ORDER BY a.backend_start, l.pid, l.classid, l.objid
 class Statements:
     """The acquire statements of one configuration (with or without fencing).
 
-    Both return the fencing token -- ``0`` when the lock was not granted and
+    Both compute the fencing token -- ``0`` when the lock was not granted and
     ``NULL`` when it was but fencing is off -- so that one code path reads both.
     ``nextval`` runs only for a granted lock: a failed try burns no token.
+
+    ``lock`` returns that token. ``lock_many`` takes the keys as one array
+    (:func:`bigint_array`) and returns one row: the granted keys and their tokens,
+    two arrays in the same order (``NULL``, ``NULL`` when none was granted). One
+    row of two arrays, not a row per key, because decoding rows is most of the
+    client's work on a large batch, and refused keys need no answer at all.
     """
 
     lock: str
@@ -54,16 +61,28 @@ def statements(sequence: str | None) -> Statements:
     if sequence is not None:
         token = sql.SQL("nextval({})").format(sql.Literal(sequence))
     granted = sql.SQL("CASE WHEN pg_try_advisory_lock({key}) THEN {token} ELSE 0 END")
+    # The locks are taken in a WITH query: one with volatile functions is evaluated
+    # exactly once per row, never inlined into the outer query, where the filter
+    # could evaluate the CASE a second time and lock a key twice.
+    many = sql.SQL(
+        "WITH t AS (SELECT k, {} AS f FROM unnest(%t::bigint[]) AS k)"
+        " SELECT array_agg(k), array_agg(f) FROM t WHERE f IS DISTINCT FROM 0"
+    )
     # Rendered once to text: psycopg caches the parsing of a text query, not of a
     # composed one, and that parsing would otherwise cost a third of a round trip.
     return Statements(
         lock=sql.SQL("SELECT {}")
         .format(granted.format(key=sql.SQL("%b"), token=token))
         .as_string(None),
-        lock_many=sql.SQL("SELECT k, {} FROM unnest(%b::bigint[]) AS k")
-        .format(granted.format(key=sql.Identifier("k"), token=token))
-        .as_string(None),
+        lock_many=many.format(granted.format(key=sql.Identifier("k"), token=token)).as_string(None),
     )
+
+
+def bigint_array(keys: list[int]) -> str:
+    """``keys`` as the text of a ``bigint[]`` (``{1,-2,3}``), the parameter of
+    ``lock_many``: for a thousand keys, a few times cheaper to build than a binary
+    array of ``Int8`` (and the server parses either as fast)."""
+    return "{" + ",".join(map(str, keys)) + "}"
 
 
 def ensure_sequence(sequence: str) -> tuple[sql.Composed, sql.Composed]:

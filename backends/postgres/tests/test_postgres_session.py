@@ -8,6 +8,8 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
+
 import multilock
 from multilock import advisory_key
 from multilock_postgres import AsyncPostgresLocker, PostgresLocker
@@ -88,6 +90,38 @@ def test_names_sharing_a_key_exclude_each_other(
         assert batch_lease is not None
         batch_lease.release()
         assert holders(advisory_key(first)) == []
+
+
+@pytest.mark.parametrize("fencing", [False, True])
+def test_batch_takes_each_granted_key_once(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]], fencing: bool
+) -> None:
+    names = _names(30)
+    elsewhere = names[::3]
+    url = make_url(fencing=fencing)
+    with multilock.connect(url) as locker, multilock.connect(url) as other:
+        assert isinstance(locker, PostgresLocker)
+        assert all(other.try_acquire_many(elsewhere).values())
+        got = locker.try_acquire_many(names)
+        assert list(got) == names
+        assert [name for name, lease in got.items() if lease is None] == elsewhere
+        leases = [lease for lease in got.values() if lease is not None]
+        assert len({lease.token for lease in leases}) == len(leases)
+        tokens = [lease.fencing_token for lease in leases]
+        if fencing:
+            assert all(token is not None and token > 0 for token in tokens)
+            assert len(set(tokens)) == len(tokens)
+        else:
+            assert tokens == [None] * len(leases)
+        # Nothing granted at all: the answer has no keys, not a row per key.
+        assert locker.try_acquire_many(elsewhere) == dict.fromkeys(elsewhere)
+        for lease in leases:
+            assert holders(advisory_key(lease.name)) == [locker.session_pid]
+            assert lease.release() is True
+            # One unlock frees it: the batch locked each key once, not re-entrantly.
+            assert holders(advisory_key(lease.name)) == []
+        for name in elsewhere:
+            assert holders(advisory_key(name)) == [other.session_pid]
 
 
 def test_threads_share_one_locker_safely(

@@ -105,7 +105,10 @@ class AsyncPostgresLocker(AsyncLockerBase):
                     return None  # this session holds it: re-entry would be a second owner
                 rows = await self._ask_lock(self._statements.lock, (Int8(key),), [key], lost)
                 fence = rows[0][0]
-                return None if fence == 0 else self._grant(name, key, fence)
+                if fence == 0:
+                    return None
+                self._ensure_ticker()
+                return self._grant(name, key, _new_token(), fence, datetime.now(UTC))
         finally:
             _fire(lost)
 
@@ -121,28 +124,40 @@ class AsyncPostgresLocker(AsyncLockerBase):
                 wanted = [k for k in dict.fromkeys(keys) if k not in self._held]
                 granted: dict[int, int | None] = {}
                 if wanted:
-                    params = ([Int8(k) for k in wanted],)
+                    params = (_sql.bigint_array(wanted),)
                     rows = await self._ask_lock(self._statements.lock_many, params, wanted, lost)
-                    granted = {key: fence for key, fence in rows if fence != 0}
+                    got, fences = rows[0]
+                    if got:
+                        granted = dict(zip(got, fences, strict=True))
+                        self._ensure_ticker()
+                # Granted by one statement: one timestamp serves the whole batch.
+                now = datetime.now(UTC)
                 result: dict[str, AsyncLeaseBase | None] = {}
                 for name, key in zip(names, keys, strict=True):
-                    take = key in granted and key not in self._held
-                    result[name] = self._grant(name, key, granted[key]) if take else None
+                    if key in granted and key not in self._held:
+                        result[name] = self._grant(name, key, _new_token(), granted[key], now)
+                    else:
+                        result[name] = None
                 return result
         finally:
             _fire(lost)
 
-    def _grant(self, name: str, key: int, fence: int | None) -> AsyncPostgresLease:
-        lease = AsyncPostgresLease(name, key, _new_token(), fence)
+    def _grant(
+        self, name: str, key: int, token: str, fence: int | None, acquired_at: datetime
+    ) -> AsyncPostgresLease:
+        lease = AsyncPostgresLease(name, key, token, fence)
         lease._locker = self
-        lease.acquired_at = datetime.now(UTC)
+        lease.acquired_at = acquired_at
         self._held[key] = lease
+        return lease
+
+    def _ensure_ticker(self) -> None:
+        """Start the health check, once leases are about to be held."""
         if self._ticker is None:
             interval = self._settings.health_interval
             self._ticker = AsyncTicker(interval, self._health_check, "multilock-postgres-health")
         else:
             self._ticker.ensure_running()
-        return lease
 
     # -- releasing ----------------------------------------------------------------------
 

@@ -101,6 +101,7 @@ def test_batch_takes_each_granted_key_once(
     url = make_url(fencing=fencing)
     with multilock.connect(url) as locker, multilock.connect(url) as other:
         assert isinstance(locker, PostgresLocker)
+        assert isinstance(other, PostgresLocker)
         assert all(other.try_acquire_many(elsewhere).values())
         got = locker.try_acquire_many(names)
         assert list(got) == names

@@ -130,12 +130,14 @@ class AsyncPostgresLocker(AsyncLockerBase):
                     if got:
                         granted = dict(zip(got, fences, strict=True))
                         self._ensure_ticker()
-                # Granted by one statement: one timestamp serves the whole batch.
-                now = datetime.now(UTC)
+                # Granted by one statement: one timestamp serves the whole batch, and
+                # one owner token, made unique per lease by its position (a new_token()
+                # per lease costs about 1 us: as much as all the rest of a grant).
+                now, batch = datetime.now(UTC), _new_token()
                 result: dict[str, AsyncLeaseBase | None] = {}
-                for name, key in zip(names, keys, strict=True):
+                for i, (name, key) in enumerate(zip(names, keys, strict=True)):
                     if key in granted and key not in self._held:
-                        result[name] = self._grant(name, key, _new_token(), granted[key], now)
+                        result[name] = self._grant(name, key, f"{batch}.{i:x}", granted[key], now)
                     else:
                         result[name] = None
                 return result

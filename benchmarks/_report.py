@@ -268,6 +268,8 @@ def _scheduler_lines(rows: list[dict[str, Any]], seconds: float) -> list[str]:
         "the runs started in the window, against the ticks due in it: a scheduler",
         "that cannot keep up reports ticks missed past their grace (multilock:",
         "`misfire_grace`, here 0.25 s; APScheduler: `misfire_grace_time=1`).",
+        "`asyncio-floor` creates one task per job on each whole second and nothing",
+        "else: the fastest any scheduler on this event loop could start N bodies.",
         "",
         "![scheduler](img/bench-scheduler.png)",
         "",

@@ -110,7 +110,7 @@ def _multilock(url: str, jobs: int, hold: float) -> Row:
     async def main() -> None:
         nonlocal finished
         finished = asyncio.Event()
-        scheduler = multilock.Scheduler(_with_app(url, app), skew_tolerance=0.5, metrics=False)
+        scheduler = multilock.Scheduler(_with_app(url, app), metrics=False)
         for index in range(jobs):
             scheduler.add_job(job, multilock.every(seconds=INTERVAL), name=f"{app}-{index}")
         async with scheduler:

@@ -7,7 +7,10 @@
 Each configuration runs in a fresh child process (so peak RSS and CPU are its
 own), one after the other in the same run: multilock on memory:// (and on
 PostgreSQL at 1,000 jobs when a server answers), and APScheduler 3.x's
-AsyncIOScheduler with the same async job. A job records how late it started
+AsyncIOScheduler with the same async job, and the floor: bare asyncio, which on
+each whole second creates one task per job and does nothing else (no trigger, no
+lock, no bookkeeping): no scheduler on this event loop can start the last of N
+bodies sooner. A job records how late it started
 against its scheduled fire time: multilock reports the exact fire time
 (``current_run().fire_time``); APScheduler's jobs fire on whole seconds (the
 start date is aligned), so its lateness is the time past the second.
@@ -101,7 +104,7 @@ async def _child_multilock(jobs: int, seconds: float, lock: str) -> dict[str, fl
             fire = multilock.current_run().fire_time.timestamp()
             recorder.lateness.append(time.time() - fire)
 
-    scheduler = multilock.Scheduler(lock, skew_tolerance=0.5, metrics=False)
+    scheduler = multilock.Scheduler(lock, metrics=False)  # grace: the default 0.25 s
     for index in range(jobs):
         scheduler.add_job(job, multilock.every(seconds=1), name=f"bench-{os.getpid()}-{index}")
     async with scheduler:
@@ -132,6 +135,28 @@ async def _child_apscheduler(jobs: int, seconds: float) -> dict[str, float]:
         scheduler.shutdown(wait=False)
 
 
+async def _child_floor(jobs: int, seconds: float) -> dict[str, float]:
+    recorder = _Recorder()
+    loop = asyncio.get_running_loop()
+
+    async def job() -> None:
+        if recorder.on:
+            now = time.time()
+            recorder.lateness.append(now - math.floor(now))
+
+    running: set[asyncio.Task[None]] = set()  # a reference each, as asyncio asks
+
+    def fire() -> None:
+        for _ in range(jobs):
+            task = loop.create_task(job())
+            running.add(task)
+            task.add_done_callback(running.discard)
+        loop.call_later(math.floor(time.time()) + 1 - time.time(), fire)
+
+    loop.call_later(math.floor(time.time()) + 1 - time.time(), fire)
+    return await recorder.measure(seconds)
+
+
 def _run_child(lib: str, jobs: int, seconds: float, lock: str) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", lib, "--jobs", str(jobs)]
     command += ["--seconds", str(seconds), "--lock", lock]
@@ -151,11 +176,12 @@ def measure(
     plan: list[tuple[str, int, str]] = []
     for jobs in sizes:
         plan += [("multilock", jobs, "memory://"), ("apscheduler", jobs, "-")]
+        plan += [("asyncio-floor", jobs, "-")]
     pg = server_url("postgresql")
     if postgres and reachable(pg):
         plan.append(("multilock", pg_jobs or PG_JOBS, pg))
     rows = []
-    header = f"{'library':<12} {'backend':<11} {'jobs':>6} {'runs':>7} {'p50 ms':>8}"
+    header = f"{'library':<13} {'backend':<11} {'jobs':>6} {'runs':>7} {'p50 ms':>8}"
     header += f" {'p99 ms':>8} {'max ms':>8} {'cpu/wall':>9} {'rss MB':>7}"
     print(header)
     for lib, jobs, lock in plan:
@@ -164,10 +190,10 @@ def measure(
         row = {"library": lib, "backend": backend, "jobs": jobs, **result}
         rows.append(row)
         if "error" in result:
-            print(f"{lib:<12} {backend:<11} {jobs:>6} error: {result['error']}")
+            print(f"{lib:<13} {backend:<11} {jobs:>6} error: {result['error']}")
             continue
         print(
-            f"{lib:<12} {backend:<11} {jobs:>6} {result['runs']:>7} {result['p50_ms']:>8.2f}"
+            f"{lib:<13} {backend:<11} {jobs:>6} {result['runs']:>7} {result['p50_ms']:>8.2f}"
             f" {result['p99_ms']:>8.2f} {result['max_ms']:>8.2f}"
             f" {result['cpu_per_wall']:>9.3f} {result['peak_rss_mb']:>7.1f}",
             flush=True,
@@ -181,7 +207,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="CI smoke: small and short")
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--child", choices=["multilock", "apscheduler"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", choices=["multilock", "apscheduler", "asyncio-floor"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--jobs", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--lock", default="memory://", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -190,8 +218,10 @@ def main() -> int:
         seconds = args.seconds or 20.0
         if args.child == "multilock":
             result = asyncio.run(_child_multilock(args.jobs, seconds, args.lock))
-        else:
+        elif args.child == "apscheduler":
             result = asyncio.run(_child_apscheduler(args.jobs, seconds))
+        else:
+            result = asyncio.run(_child_floor(args.jobs, seconds))
         print(json.dumps(result))
         return 0
 

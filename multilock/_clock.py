@@ -6,9 +6,10 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "call_at"]
 
 
 class Clock(Protocol):
@@ -41,6 +42,22 @@ class SystemClock:
 
     def __repr__(self) -> str:
         return f"SystemClock(offset={self.offset!r})"
+
+
+def call_at(clock: Clock, deadline: float, callback: Callable[[], object]) -> Callable[[], object]:
+    """Call ``callback()`` on the running loop once ``clock`` reads ``deadline``; returns
+    a function that cancels it.
+
+    On a :class:`SystemClock` this is a plain loop timer: the scheduler arms one per
+    run for the lease hold, and a task sleeping per run costs several times as much.
+    Other clocks (a :class:`ManualClock` in tests) get a task awaiting ``sleep_until``.
+    """
+    if isinstance(clock, SystemClock):
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, deadline - clock.now()), callback).cancel
+    waiting = asyncio.ensure_future(clock.sleep_until(deadline))
+    waiting.add_done_callback(lambda done: None if done.cancelled() else callback())
+    return waiting.cancel
 
 
 class ManualClock:

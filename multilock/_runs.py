@@ -8,12 +8,12 @@ import threading
 from collections.abc import Awaitable
 from typing import Any
 
-from ._clock import Clock
+from ._clock import Clock, call_at
 from ._events import EventKind
 from ._jobs import Job, RunContext, start_run
 from ._signal import LostSignal
 
-__all__ = ["Outcome", "Wakeup", "supervise", "wait_quietly"]
+__all__ = ["Outcome", "Wakeup", "begin", "supervise", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -21,8 +21,27 @@ Outcome = tuple[EventKind, BaseException | None, str | None]
 """The kind of the final event, the job's exception (``failed``), and a reason."""
 
 
-async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | None) -> Outcome:
-    """Run ``job`` to its end, its timeout, or the loss of ``lost``; never raises for the job.
+def begin(job: Job, run: RunContext) -> asyncio.Future[Any]:
+    """Start ``job``'s body now (a task, or a worker thread for sync jobs); a failure to
+    call it (its arguments) comes back as a failed future, reported by :func:`supervise`."""
+    try:
+        return start_run(job, run)
+    except Exception as exc:
+        failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        failed.set_exception(exc)
+        return failed
+
+
+async def supervise(
+    job: Job,
+    run: RunContext,
+    body: asyncio.Future[Any],
+    started: float,
+    clock: Clock,
+    lost: LostSignal | None,
+) -> Outcome:
+    """Watch ``body`` (from :func:`begin`, at ``started`` by ``clock``) to its end, the
+    job's timeout, or the loss of ``lost``; never raises for the job.
 
     An async job is cancelled on timeout or loss. A sync job runs in a worker
     thread, which cannot be interrupted: its ``cancel_event`` is set and the run
@@ -30,22 +49,19 @@ async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | 
     body. If this task itself is cancelled (shutdown past its stop timeout), the
     job is cancelled (or flagged) and the cancellation propagates at once.
     """
-    try:
-        body = start_run(job, run)
-    except Exception as exc:  # calling an async job failed before it ran (its arguments)
-        return EventKind.FAILED, exc, None
     body.add_done_callback(_consume)
-    # One future woken by whichever comes first: no guard tasks, no asyncio.wait.
+    # One future woken by whichever comes first: no guard tasks, no asyncio.wait. Armed
+    # before the sources are added: a lease lost already wakes it at once.
     wake = Wakeup()
+    woken = wake.wait()
     body.add_done_callback(wake)
     if lost is not None:
         lost.add_callback(wake.from_any_thread)
-    timer: asyncio.Future[None] | None = None
+    cancel_timer = None
     if job.timeout is not None:
-        timer = asyncio.ensure_future(clock.sleep_until(clock.now() + job.timeout))
-        timer.add_done_callback(wake)
+        cancel_timer = call_at(clock, started + job.timeout, wake)
     try:
-        await wake.wait()
+        await woken
     except asyncio.CancelledError:
         # Shutdown past its stop timeout: ask the body to stop, but do not wait for
         # it -- the caller releases the lease and a stuck worker thread is abandoned.
@@ -58,8 +74,8 @@ async def supervise(job: Job, run: RunContext, clock: Clock, lost: LostSignal | 
         body.remove_done_callback(wake)
         if lost is not None:
             lost.remove_callback(wake.from_any_thread)
-        if timer is not None:
-            timer.cancel()
+        if cancel_timer is not None:
+            cancel_timer()
     if body.done():
         if body.cancelled():
             return EventKind.FAILED, None, "the job cancelled itself"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock, SystemClock, call_at
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log, wanted
 from ._file import default_directory
@@ -29,7 +29,7 @@ from ._keys import advisory_key
 from ._leases import Leadership, keep_alive
 from ._metrics import metrics_listener
 from ._registry import connect_async
-from ._runs import Wakeup, supervise, wait_quietly
+from ._runs import Wakeup, begin, supervise, wait_quietly
 from ._service import Service
 from ._signal import LostSignal
 from ._sync_adapter import AsyncView
@@ -96,6 +96,10 @@ class _Due:
     job: Job
     fire: datetime
     state: _JobState = field(repr=False)
+
+
+_Start = tuple[_Due, AsyncLease | None, LostSignal | None, int | None]
+"""A run to start: the tick, its lease, the signal that cancels it, the fencing token."""
 
 
 class Scheduler(Service):
@@ -414,7 +418,7 @@ class Scheduler(Service):
         if lease is None:
             return False
         due.state.busy = True
-        self._spawn(self._execute(due, lease, lease.lost, lease.fencing_token))
+        self._launch([(due, lease, lease.lost, lease.fencing_token)])
         return True
 
     def _pop_due(self, state: _JobState, now: float) -> list[datetime]:
@@ -443,13 +447,11 @@ class Scheduler(Service):
 
     async def _start_batch(self, batch: list[_Due]) -> None:
         """Take the locks of the distributed jobs due now (one ``try_acquire_many``), start runs."""
-        local = [due for due in batch if not due.job.distributed]
+        # Local jobs first: they need no lock, so no round trip to wait for.
+        self._launch([(due, None, None, None) for due in batch if not due.job.distributed])
         shared = [due for due in batch if due.job.distributed]
-        for due in local:
-            self._spawn(self._execute(due, None, None, None))
-        if not shared:
-            return
-        if self._leadership is not None:
+        runs: list[_Start] = []
+        if shared and self._leadership is not None:
             leader = self._leadership.lease
             for due in shared:
                 if leader is None or not leader.held:
@@ -457,8 +459,13 @@ class Scheduler(Service):
                 elif due.fire.timestamp() < self._leadership.since + 2 * self.skew_tolerance:
                     self._skip_held(due, "leadership too recent to rule out a late predecessor")
                 else:
-                    self._spawn(self._execute(due, None, leader.lost, leader.fencing_token))
-            return
+                    runs.append((due, None, leader.lost, leader.fencing_token))
+        elif shared:
+            runs += await self._lock_all(shared)
+        self._launch(runs)
+
+    async def _lock_all(self, shared: list[_Due]) -> list[_Start]:
+        """Take the locks of ``shared`` in one round trip; the runs to start."""
         now = self.clock.now()
         hold = max(
             due.fire.timestamp() + hold_span(due.job, self.skew_tolerance) - now for due in shared
@@ -473,14 +480,29 @@ class Scheduler(Service):
                 self._emit(
                     EventKind.FAILED, due.job, due.fire, error=exc, reason="lock unavailable"
                 )
-            return
+            return []
+        runs: list[_Start] = []
         for due in shared:
             lease = leases.get(due.job.name)
             if lease is None:
                 self._skip_held(due, "another replica holds it")
             else:
                 self._held.add(lease)
-                self._spawn(self._execute(due, lease, lease.lost, lease.fencing_token))
+                runs.append((due, lease, lease.lost, lease.fencing_token))
+        return runs
+
+    def _launch(self, runs: list[_Start]) -> None:
+        """Start the bodies of ``runs``, then their supervisors: each body is queued on the
+        loop before any supervisor's setup, so the last of many jobs due at one instant
+        does not wait for every other job's bookkeeping."""
+        begun = []
+        for due, _, _, token in runs:
+            run = RunContext(due.job.name, due.fire, self.replica_id, token, threading.Event())
+            started = self.clock.now()
+            self._emit(EventKind.STARTED, due.job, due.fire, delay=started - due.fire.timestamp())
+            begun.append((run, begin(due.job, run), started))
+        for (due, lease, lost, _), (run, body, started) in zip(runs, begun, strict=True):
+            self._spawn(self._execute(due, lease, lost, run, body, started))
 
     def _skip_held(self, due: _Due, reason: str) -> None:
         due.state.settle()
@@ -497,12 +519,19 @@ class Scheduler(Service):
             log.error("scheduler bug in a run", exc_info=task.exception())
 
     async def _execute(
-        self, due: _Due, lease: AsyncLease | None, lost: LostSignal | None, token: int | None
+        self,
+        due: _Due,
+        lease: AsyncLease | None,
+        lost: LostSignal | None,
+        run: RunContext,
+        body: asyncio.Future[Any],
+        started: float,
     ) -> None:
-        """Run one tick: supervise the body, emit its outcome, hold the lease, release it.
+        """One tick's run, its body started: supervise it, emit its outcome, hold the
+        lease, release it.
 
         ``lost`` is the signal whose firing cancels the run: the job's lease, or
-        the leader lease in leader mode (whose fencing token is then ``token``).
+        the leader lease in leader mode.
         """
         job, fire = due.job, due.fire
         keepalive = (
@@ -510,11 +539,8 @@ class Scheduler(Service):
         )
         handed_over = False
         try:
-            run = RunContext(job.name, fire, self.replica_id, token, threading.Event())
-            started = self.clock.now()
-            self._emit(EventKind.STARTED, job, fire, delay=started - fire.timestamp())
             try:
-                kind, error, reason = await supervise(job, run, self.clock, lost)
+                kind, error, reason = await supervise(job, run, body, started, self.clock, lost)
             finally:
                 due.state.running = False
                 due.state.notify()
@@ -549,17 +575,22 @@ class Scheduler(Service):
         state.holding = lease
         state.notify()
         wake = Wakeup()
-        end = asyncio.ensure_future(self.clock.sleep_until(until.timestamp()))
-        end.add_done_callback(wake)
+        ended: list[bool] = []
+
+        def end() -> None:
+            ended.append(True)
+            wake()
+
+        cancel_end = call_at(self.clock, until.timestamp(), end)
         lease.lost.add_callback(wake.from_any_thread)
         state.watchers.append(wake)
         try:
-            while state.holding is lease and not end.done() and not lease.lost.is_set():
+            while state.holding is lease and not ended and not lease.lost.is_set():
                 await wake.wait()
         finally:
             state.watchers.remove(wake)
             lease.lost.remove_callback(wake.from_any_thread)
-            end.cancel()
+            cancel_end()
         if state.holding is lease:
             state.holding = None
             return False

@@ -1,7 +1,8 @@
 """Many due jobs at one tick: ``try_acquire_many`` of N names against N raw calls in a row.
 
-    python benchmarks/many_locks.py           # N = 1, 10, 100, 1000 (about half a minute)
+    python benchmarks/many_locks.py           # N = 1, 10, 100, 1000 (about a minute)
     python benchmarks/many_locks.py --quick   # N = 1, 10, 100, a few seconds (CI)
+    python benchmarks/many_locks.py --delay 0 # loopback only, no delaying proxy
 
 On PostgreSQL the raw pattern is N ``SELECT pg_try_advisory_lock(k)`` on one
 psycopg connection; on Redis, N ``SET key token NX PX ttl`` on one redis-py
@@ -9,6 +10,21 @@ client. Only the acquisition is timed (releases are not). Each size is measured
 a few times, multilock and raw alternating, and the median kept; the figures
 are also given in round-trip times (``SELECT 1``, ``PING``), the target being
 1000 locks in under 10.
+
+The names are the same N in every repetition, released in between, and both
+sides have seen them before the timing starts: a scheduler's due jobs recur
+tick after tick, so the locker has their advisory keys cached, and the raw side
+is given its keys (``advisory_key(name)``, the Redis key) computed in advance
+too. The first sight of a name costs more -- hashing it, a few microseconds on
+PostgreSQL -- and is shown apart as "fresh": N names never seen before, each
+repetition.
+
+On loopback a round trip costs tens of microseconds, less than the client's own
+work on a large batch. So everything is measured a second time through a local
+proxy that delays each way by ``--delay`` milliseconds (benchmarks/_delay_proxy.py;
+default 0.25, a LAN), where the round trips are what counts: one for
+``try_acquire_many``, N for the raw pattern. The round-trip time given there is
+measured through the proxy too.
 """
 
 from __future__ import annotations
@@ -18,13 +34,16 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
 from _cycle import server_url
+from _delay_proxy import delayed
 from postgres_cycle import _raw_connect_args
 from redis_cycle import TTL_MS, _client_url
 
@@ -34,17 +53,21 @@ from multilock import advisory_key
 TARGET_RTTS = 10.0
 SIZES = (1, 10, 100, 1000)
 QUICK_SIZES = (1, 10, 100)
+DELAY_MS = 0.25
+_DEFAULT_PORTS = {"postgresql": 5432, "redis": 6379}
 
 
 @dataclass(frozen=True)
 class Row:
-    """One size on one backend: median milliseconds, and the round-trip time."""
+    """One size on one backend: median milliseconds (names seen before, and fresh
+    names for multilock), and the round-trip time."""
 
     backend: str
     n: int
     ours_ms: float
     raw_ms: float
     rtt_ms: float
+    fresh_ms: float
 
     @property
     def ours_rtts(self) -> float:
@@ -78,23 +101,30 @@ class _Raw:
         else:
             self.redis = redis.Redis.from_url(_client_url(url))
 
-    def acquire(self, names: list[str]) -> None:
-        """One ``pg_try_advisory_lock`` or ``SET NX PX`` per name, in a row."""
+    def keys(self, names: list[str]) -> list[Any]:
+        """What :meth:`acquire` takes for ``names``, computed ahead of the timing:
+        advisory keys, or Redis keys."""
         if self.pg is not None:
-            for name in names:
-                self.pg.execute("SELECT pg_try_advisory_lock(%s)", (advisory_key(name),))
+            return [advisory_key(name) for name in names]
+        return [f"raw:{name}" for name in names]
+
+    def acquire(self, keys: list[Any]) -> None:
+        """One ``pg_try_advisory_lock`` or ``SET NX PX`` per key, in a row."""
+        if self.pg is not None:
+            for key in keys:
+                self.pg.execute("SELECT pg_try_advisory_lock(%s)", (key,))
         else:
             assert self.redis is not None
-            for name in names:
-                self.redis.set(f"raw:{name}", self.token, nx=True, px=TTL_MS)
+            for key in keys:
+                self.redis.set(key, self.token, nx=True, px=TTL_MS)
 
-    def undo(self, names: list[str]) -> None:
+    def undo(self, keys: list[Any]) -> None:
         """Free what :meth:`acquire` took (not timed)."""
         if self.pg is not None:
             self.pg.execute("SELECT pg_advisory_unlock_all()")
         else:
             assert self.redis is not None
-            self.redis.delete(*[f"raw:{name}" for name in names])
+            self.redis.delete(*keys)
 
     def round_trip(self) -> None:
         """``SELECT 1`` or ``PING``."""
@@ -112,24 +142,39 @@ class _Raw:
             self.redis.close()
 
 
+def _take(locker: multilock.DistributedLock, names: list[str]) -> float:
+    """Milliseconds for multilock to take ``names``, all of them, then released (not timed)."""
+    start = time.perf_counter()
+    leases = locker.try_acquire_many(names)
+    elapsed = (time.perf_counter() - start) * 1000
+    taken = [lease for lease in leases.values() if lease is not None]
+    assert len(taken) == len(names), "some benchmark locks were held elsewhere"
+    for lease in taken:
+        lease.release()
+    return elapsed
+
+
 def _size(
     locker: multilock.DistributedLock, raw: _Raw, n: int, repeats: int
-) -> tuple[float, float]:
-    """Median milliseconds to take ``n`` fresh names: multilock's, raw's."""
+) -> tuple[float, float, float]:
+    """Median milliseconds to take ``n`` names: multilock's and raw's on the same names
+    each repetition, seen before; multilock's on fresh names."""
     names = [f"bench-many-{uuid.uuid4().hex[:8]}-{i}" for i in range(n)]
+    keys = raw.keys(names)
+    _take(locker, names)  # the locker sees the names (and caches their keys)
     ours: list[float] = []
     raws: list[float] = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        leases = locker.try_acquire_many(names)
-        ours.append((time.perf_counter() - start) * 1000)
-        taken = [lease for lease in leases.values() if lease is not None]
-        assert len(taken) == n, "some benchmark locks were held elsewhere"
-        for lease in taken:
-            lease.release()
-        raws.append(_ms(lambda: raw.acquire(names)))
-        raw.undo(names)
-    return statistics.median(ours), statistics.median(raws)
+        ours.append(_take(locker, names))
+        raws.append(_ms(lambda: raw.acquire(keys)))
+        raw.undo(keys)
+    # After the seen names, not between: fresh names would push them out of the
+    # locker's bounded key cache.
+    fresh = [
+        _take(locker, [f"bench-fresh-{uuid.uuid4().hex[:8]}-{i}" for i in range(n)])
+        for _ in range(repeats)
+    ]
+    return statistics.median(ours), statistics.median(raws), statistics.median(fresh)
 
 
 def measure(urls: dict[str, str], sizes: tuple[int, ...], repeats: int) -> list[Row]:
@@ -142,26 +187,58 @@ def measure(urls: dict[str, str], sizes: tuple[int, ...], repeats: int) -> list[
             with multilock.connect(url) as locker:
                 _size(locker, raw, 1, 3)  # warm-up: first queries, prepared statements
                 for n in sizes:
-                    row = Row(backend, n, *_size(locker, raw, n, repeats), rtt_ms=rtt)
+                    ours, raw_ms, fresh = _size(locker, raw, n, repeats)
+                    row = Row(backend, n, ours, raw_ms, rtt_ms=rtt, fresh_ms=fresh)
                     rows.append(row)
                     print(
                         f"  {backend:<10} N={n:<5} multilock {row.ours_ms:8.2f} ms"
-                        f" ({row.ours_rtts:6.1f} RTT)   raw {row.raw_ms:8.2f} ms"
+                        f" ({row.ours_rtts:6.1f} RTT, fresh {row.fresh_ms:8.2f})"
+                        f"   raw {row.raw_ms:8.2f} ms ({row.raw_ms / rtt:7.1f} RTT)"
                         f"   raw/multilock {row.raw_ms / row.ours_ms:6.1f}x",
                         flush=True,
                     )
+            print(f"  {backend:<10} round trip {rtt * 1000:.0f} µs", flush=True)
         finally:
             raw.close()
     return rows
 
 
+@contextmanager
+def through_proxies(urls: dict[str, str], delay_ms: float) -> Iterator[dict[str, str]]:
+    """``urls`` rewritten to go through a proxy each that delays ``delay_ms`` each way."""
+    with ExitStack() as stack:
+        proxied = {}
+        for backend, url in urls.items():
+            parts = urlsplit(url)
+            host = parts.hostname or "127.0.0.1"
+            port = stack.enter_context(
+                delayed(host, parts.port or _DEFAULT_PORTS[backend], delay_ms)
+            )
+            user = parts.netloc.rpartition("@")[0]
+            netloc = f"{user}@127.0.0.1:{port}" if user else f"127.0.0.1:{port}"
+            proxied[backend] = urlunsplit(parts._replace(netloc=netloc))
+        yield proxied
+
+
 def main() -> int:
-    """Parse ``--quick``, measure, print."""
+    """Parse the options, measure on loopback and through the delaying proxy, print."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=DELAY_MS,
+        help=f"one-way delay (ms) of the second run, through a proxy; 0: none ({DELAY_MS})",
+    )
     args = parser.parse_args()
     urls = {backend: server_url(backend) for backend in ("postgresql", "redis")}
-    measure(urls, QUICK_SIZES if args.quick else SIZES, 2 if args.quick else 5)
+    sizes, repeats = (QUICK_SIZES, 2) if args.quick else (SIZES, 5)
+    print("loopback:", flush=True)
+    measure(urls, sizes, repeats)
+    if args.delay > 0:
+        print(f"through a proxy delaying {args.delay:g} ms each way:", flush=True)
+        with through_proxies(urls, args.delay) as proxied:
+            measure(proxied, sizes, repeats)
     return 0
 
 

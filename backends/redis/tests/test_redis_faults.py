@@ -17,7 +17,10 @@ import redis
 
 import multilock
 from multilock.errors import BackendUnavailable
-from multilock_redis import RedisLease
+from multilock.testing import apoll
+from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker
+from multilock_redis._async import _lua as async_lua
+from multilock_redis._sync import _lua as sync_lua
 
 pytestmark = pytest.mark.faults
 
@@ -208,6 +211,47 @@ def test_client_kill_never_hangs_or_returns_none(throwaway_redis: Any) -> None:
         assert admin.get(held.key) == held.token.encode()
         assert held.release()
     admin.close()
+
+
+def test_a_connection_closed_while_idle_is_replaced_without_an_error(
+    throwaway_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync_lua, "IDLE", 0.0)  # every call comes after an idle spell
+    admin = throwaway_redis.admin()
+    with multilock.connect(_url(throwaway_redis)) as locker:
+        assert isinstance(locker, RedisLocker)
+        _held(locker.try_acquire("before")).release()
+        for round_ in range(3):
+            # The server closes the socket before it answers the kill, and loopback
+            # delivers that end before the answer: the locker's socket has it now.
+            admin.client_kill_filter(_type="normal", skipme=True)
+            _held(locker.try_acquire(f"after-kill-{round_}")).release()
+    admin.close()
+
+
+def test_a_connection_closed_while_idle_is_replaced_without_an_error_async(
+    throwaway_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(async_lua, "IDLE", 0.0)
+
+    async def main() -> None:
+        admin = throwaway_redis.admin()
+        async with multilock.connect_async(_url(throwaway_redis)) as locker:
+            assert isinstance(locker, AsyncRedisLocker)
+            connection = locker._link._socket.connection
+            warm_up = await locker.try_acquire("before")
+            assert warm_up is not None
+            assert await warm_up.release()
+            for round_ in range(3):
+                admin.client_kill_filter(_type="normal", skipme=True)
+                # An idle loop would have read the end long ago; this one was blocked.
+                await apoll("the end of the stream", connection.can_read, within=PROMPT)
+                lease = await locker.try_acquire(f"after-kill-{round_}")
+                assert lease is not None
+                assert await lease.release()
+        admin.close()
+
+    asyncio.run(main())
 
 
 def test_noscript_after_script_flush_is_handled(throwaway_redis: Any) -> None:

@@ -11,6 +11,7 @@ more again.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,12 +19,15 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._config import AsyncClient
+from .._errors import REDIS_ERRORS
 from .._scripts import Lua
 from .._wire import AsyncGate, AsyncSocket, pack
 
 __all__ = ["AsyncLink", "run"]
 
 Execute = Callable[..., Any]  # execute_command, or a link's own
+IDLE = 0.5
+"""Seconds after which a link checks its connection is still open before using it."""
 
 
 async def run(client: AsyncClient, script: Lua, keys: list[str], args: list[str | int]) -> Any:
@@ -54,15 +58,22 @@ class AsyncLink:
     awaiting its reply) takes a pool connection rather than wait: waits would add
     up past the socket timeout. So does every call after a fork, whose child must
     not share the parent's socket.
+
+    A connection idle for :data:`IDLE` seconds may have been closed by the server
+    (its ``timeout``, ``CLIENT KILL``) or by a proxy: like redis-py's pool before
+    it reuses a connection, the link then looks for its end first, and connects
+    afresh instead of failing the call. Calls in a row skip that look.
     """
 
-    __slots__ = ("_client", "_gate", "_pid", "_socket")
+    __slots__ = ("_answered", "_client", "_gate", "_pid", "_socket")
 
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
         self._socket = AsyncSocket(client.connection_pool)
         self._gate = AsyncGate()
         self._pid = os.getpid()
+        # When the connection last answered; None while it is not known to be open.
+        self._answered: float | None = None
 
     async def run(self, script: Lua, keys: list[str], args: list[str | int]) -> Any:
         """Run ``script`` on ``keys`` with ``args``; its reply as redis-py parses it."""
@@ -75,13 +86,18 @@ class AsyncLink:
 
     async def _execute(self, *args: str | int) -> Any:
         connection = self._socket.connection
+        answered, self._answered = self._answered, None
         try:
             async with self._socket.deadline():
+                if answered is not None and time.monotonic() - answered > IDLE:
+                    await _drop_if_closed(connection)
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 await connection.send_packed_command([pack(args)])
-                return await connection.read_response()
+                reply = await connection.read_response()
         except TimeoutError:
             raise RedisTimeoutError(f"no answer within {self._socket.timeout}s") from None
+        self._answered = time.monotonic()
+        return reply
 
     async def aclose(self) -> None:
         """Close the connection and the client's pool."""
@@ -90,3 +106,13 @@ class AsyncLink:
                 await self._socket.connection.disconnect()
         finally:
             await self._client.aclose()
+
+
+async def _drop_if_closed(connection: Any) -> None:
+    """Disconnect ``connection`` if the server has closed it (or sent what nobody asked for)."""
+    try:
+        closed = await connection.can_read()
+    except REDIS_ERRORS:  # the sync can_read() raises on the server's end of the stream
+        closed = True
+    if closed:
+        await connection.disconnect()

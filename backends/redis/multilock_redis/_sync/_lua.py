@@ -14,6 +14,7 @@ more again.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +22,15 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._config import SyncClient
+from .._errors import REDIS_ERRORS
 from .._scripts import Lua
 from .._wire import SyncGate, SyncSocket, pack
 
 __all__ = ["SyncLink", "run"]
 
 Execute = Callable[..., Any]  # execute_command, or a link's own
+IDLE = 0.5
+"""Seconds after which a link checks its connection is still open before using it."""
 
 
 def run(client: SyncClient, script: Lua, keys: list[str], args: list[str | int]) -> Any:
@@ -57,15 +61,22 @@ class SyncLink:
     awaiting its reply) takes a pool connection rather than wait: waits would add
     up past the socket timeout. So does every call after a fork, whose child must
     not share the parent's socket.
+
+    A connection idle for :data:`IDLE` seconds may have been closed by the server
+    (its ``timeout``, ``CLIENT KILL``) or by a proxy: like redis-py's pool before
+    it reuses a connection, the link then looks for its end first, and connects
+    afresh instead of failing the call. Calls in a row skip that look.
     """
 
-    __slots__ = ("_client", "_gate", "_pid", "_socket")
+    __slots__ = ("_answered", "_client", "_gate", "_pid", "_socket")
 
     def __init__(self, client: SyncClient) -> None:
         self._client = client
         self._socket = SyncSocket(client.connection_pool)
         self._gate = SyncGate()
         self._pid = os.getpid()
+        # When the connection last answered; None while it is not known to be open.
+        self._answered: float | None = None
 
     def run(self, script: Lua, keys: list[str], args: list[str | int]) -> Any:
         """Run ``script`` on ``keys`` with ``args``; its reply as redis-py parses it."""
@@ -78,13 +89,18 @@ class SyncLink:
 
     def _execute(self, *args: str | int) -> Any:
         connection = self._socket.connection
+        answered, self._answered = self._answered, None
         try:
             with self._socket.deadline():
+                if answered is not None and time.monotonic() - answered > IDLE:
+                    _drop_if_closed(connection)
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 connection.send_packed_command([pack(args)])
-                return connection.read_response()
+                reply = connection.read_response()
         except TimeoutError:
             raise RedisTimeoutError(f"no answer within {self._socket.timeout}s") from None
+        self._answered = time.monotonic()
+        return reply
 
     def close(self) -> None:
         """Close the connection and the client's pool."""
@@ -93,3 +109,13 @@ class SyncLink:
                 self._socket.connection.disconnect()
         finally:
             self._client.close()
+
+
+def _drop_if_closed(connection: Any) -> None:
+    """Disconnect ``connection`` if the server has closed it (or sent what nobody asked for)."""
+    try:
+        closed = connection.can_read()
+    except REDIS_ERRORS:  # the sync can_read() raises on the server's end of the stream
+        closed = True
+    if closed:
+        connection.disconnect()

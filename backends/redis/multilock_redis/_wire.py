@@ -71,7 +71,8 @@ class SyncGate:
 
 
 class AsyncSocket:
-    """A connection of the client's pool's kind, and the deadline of one call on it.
+    """A connection of the client's pool's kind and options (not counted by the pool),
+    and the deadline of one call on it.
 
     The connection itself has no socket timeout: with one, redis-py wraps every
     send in ``asyncio.wait_for``, a task of its own each time. One
@@ -98,8 +99,11 @@ class SyncSocket:
     __slots__ = ("connection", "timeout")
 
     def __init__(self, pool: Any) -> None:
-        self.timeout: float | None = pool.connection_kwargs.get("socket_timeout")
-        self.connection: Any = pool.make_connection()
+        kwargs = pool.connection_kwargs
+        self.timeout: float | None = kwargs.get("socket_timeout")
+        # Made as AsyncSocket makes its own, outside the pool's count: max_connections
+        # bounds the pool, which serves the calls that find this connection busy.
+        self.connection: Any = pool.connection_class(**kwargs)
 
     def deadline(self) -> nullcontext[None]:
         """Nothing to add: every socket operation has its timeout."""

@@ -111,6 +111,20 @@ def test_a_call_finding_the_connection_busy_goes_through_the_pool(
     assert locker.try_acquire(name) is not None  # and the connection is used again
 
 
+def test_max_connections_bounds_the_pool_not_the_lockers_own_connection(
+    redis_url: str, name: str
+) -> None:
+    with multilock.connect(redis_url, max_connections=1) as locker:
+        assert isinstance(locker, RedisLocker)
+        lease = _held(locker.try_acquire(name))  # on the locker's own connection
+        assert locker._link._gate.enter()
+        try:
+            assert locker.try_acquire(name) is None  # through the pool's one connection
+        finally:
+            locker._link._gate.leave()
+        assert lease.release()
+
+
 def test_concurrent_async_calls_share_the_connection_and_the_pool(
     redis_url: str, name: str
 ) -> None:

@@ -6,6 +6,13 @@ methods. What the bases guarantee, so that no backend has to get it right
 again: names and ttls validated one way, ``release()`` idempotent,
 async release finished even when the caller is cancelled, and an async
 acquire interrupted by cancellation undone once the server has answered.
+
+An async backend whose client sends a request the moment it is called (its
+own thread does the I/O) may also implement ``_start_try_acquire`` and
+``_start_release``: they start the operation at once and return an
+:class:`Outcome`, which the base awaits with no task of its own and which the
+caller's cancellation cannot cut short. Those that don't keep the task path
+(``_try_acquire``, ``_release``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ __all__ = [
     "LeaseBase",
     "LockInfo",
     "LockerBase",
+    "Outcome",
     "finish_shielded",
     "new_token",
 ]
@@ -142,7 +150,15 @@ class AsyncLeaseBase(_LeaseState):
         if self._released:
             return False
         self._released = True
-        return await finish_shielded(self._release())
+        started = self._start_release()
+        if started is None:
+            return await finish_shielded(self._release())
+        try:
+            return await started
+        except asyncio.CancelledError:
+            await _settled(started)
+            started.result()  # the release's own error wins, as in finish_shielded
+            raise
 
     async def extend(self, ttl: Duration | None = None) -> None:
         """Push the expiry ``ttl`` (default: the acquire ttl) into the future."""
@@ -152,6 +168,11 @@ class AsyncLeaseBase(_LeaseState):
 
     async def _release(self) -> bool:
         raise NotImplementedError
+
+    def _start_release(self) -> Outcome[bool] | None:
+        """Optional: send the release now and return the :class:`Outcome` of what
+        ``_release()`` would return; ``None``: use ``_release()`` (in a task)."""
+        return None
 
     async def _extend(self, ttl: float | None) -> float | None:
         raise NotImplementedError
@@ -191,6 +212,34 @@ async def finish_shielded(work: Awaitable[T]) -> T:
     if cancelled:
         raise asyncio.CancelledError
     return result
+
+
+class Outcome(asyncio.Future[T]):
+    """The outcome of an operation already in flight, as the ``_start_*`` hooks return it:
+    a future that cancellation cannot cancel.
+
+    A task awaiting it and cancelled meanwhile gets its ``CancelledError`` once the
+    outcome is settled (``Task.cancel`` then finds a waiter that refuses to be
+    cancelled and delivers the cancellation at the task's next step), with the outcome
+    still readable. So the base waits for a started operation as
+    :func:`finish_shielded` does, without the task and the shield, which cost a few
+    event-loop turns per call. Whatever settles it must do so by a deadline of its
+    own: nothing else can end the wait.
+    """
+
+    def cancel(self, msg: Any = None) -> bool:
+        """Refuse: an outcome is settled by the operation, never cancelled."""
+        return False
+
+
+async def _settled(outcome: Outcome[Any]) -> None:
+    """Wait until ``outcome`` is settled, whatever further cancellations say. A
+    cancellation lands once it is settled (see :class:`Outcome`): this is the safety net."""
+    while not outcome.done():
+        try:
+            await asyncio.wait((outcome,))
+        except asyncio.CancelledError:
+            pass
 
 
 class _LockerCommon:
@@ -294,8 +343,10 @@ class AsyncLockerBase(_LockerCommon):
 
     async def try_acquire(self, name: str, *, ttl: Duration | None = None) -> AsyncLeaseBase | None:
         """A lease on ``name`` or ``None``; a cancelled acquire leaves nothing held."""
-        work = self._try_acquire(self._check(name), self._ttl(ttl))
-        return await _undo_on_cancel(work, lambda lease: [lease])
+        checked, seconds = self._check(name), self._ttl(ttl)
+        started = self._start_try_acquire(checked, seconds)
+        work = self._try_acquire(checked, seconds) if started is None else started
+        return await _undo_on_cancel(work, _one_lease)
 
     async def try_acquire_many(
         self, names: Iterable[str], *, ttl: Duration | None = None
@@ -312,6 +363,14 @@ class AsyncLockerBase(_LockerCommon):
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         raise NotImplementedError
+
+    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None] | None:
+        """Optional: send the acquire now and return the :class:`Outcome` of what
+        ``_try_acquire()`` would return; ``None``: use ``_try_acquire()`` (in a task).
+
+        A lease granted to a caller cancelled meanwhile is released by the base.
+        """
+        return None
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float
@@ -342,9 +401,26 @@ class AsyncLockerBase(_LockerCommon):
 R = TypeVar("R")
 
 
-async def _undo_on_cancel(work: Coroutine[Any, Any, R], leases_of: Callable[[R], list[Any]]) -> R:
-    """Await an acquire; if the caller is cancelled meanwhile, let the server answer,
-    release whatever it granted, then re-raise the cancellation."""
+def _one_lease(lease: AsyncLeaseBase | None) -> list[AsyncLeaseBase | None]:
+    return [lease]
+
+
+async def _undo_on_cancel(
+    work: Coroutine[Any, Any, R] | Outcome[R], leases_of: Callable[[R], list[Any]]
+) -> R:
+    """Await an acquire (a coroutine, run in a task, or an outcome already in flight); if
+    the caller is cancelled meanwhile, let the server answer, release whatever it
+    granted, then re-raise the cancellation."""
+    if isinstance(work, Outcome):
+        try:
+            return await work
+        except asyncio.CancelledError:
+            await _settled(work)
+            if work.exception() is None:
+                for lease in leases_of(work.result()):
+                    if lease is not None:
+                        await lease.release()
+            raise
     task = asyncio.ensure_future(work)
     try:
         return await asyncio.shield(task)

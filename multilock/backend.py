@@ -14,6 +14,7 @@ from ._base import (
     LeaseBase,
     LockerBase,
     LockInfo,
+    Outcome,
     finish_shielded,
     new_token,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "LockerBase",
     "LostSignal",
     "OptionParser",
+    "Outcome",
     "as_bool",
     "as_duration",
     "as_int",

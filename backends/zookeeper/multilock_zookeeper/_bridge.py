@@ -9,7 +9,9 @@ apart, so that what a result means is decided once, in ``_session``.
 
 The ``_async`` locker calls ``async_settle`` and ``async_stop``;
 ``scripts/unasync.py`` turns them into ``sync_settle`` and ``sync_stop`` in the
-generated ``_sync`` locker.
+generated ``_sync`` locker. ``async_outcome`` serves the async API's hot path
+(``_started``): the outcome of what results mean, settled on the loop, which the
+core awaits with no task of its own.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["async_settle", "async_stop", "sync_settle", "sync_stop"]
+from multilock.backend import Outcome
+
+__all__ = ["async_outcome", "async_settle", "async_stop", "sync_settle", "sync_stop"]
+
+T = TypeVar("T")
 
 
 def sync_settle(result: Any, deadline: float) -> bool:
@@ -51,6 +57,48 @@ async def async_settle(result: Any, deadline: float) -> bool:
         timer.cancel()
         result.unlink(wake)
     return bool(result.ready())
+
+
+def async_outcome(results: list[Any], deadline: float, interpret: Callable[[], T]) -> Outcome[T]:
+    """The :class:`~multilock.backend.Outcome` of ``interpret()``, called on the loop once
+    every result is ready or ``deadline`` (monotonic) passes: ``async_settle`` then
+    interpreting, without a coroutine to drive it."""
+    loop = asyncio.get_running_loop()
+    outcome: Outcome[T] = Outcome(loop=loop)
+    waiting = [result for result in results if not result.ready()]
+    if not waiting:
+        _settle(outcome, interpret)
+        return outcome
+
+    def settle() -> None:
+        if timer.cancelled():
+            return  # settled already (a wake queued before the deadline passed)
+        timer.cancel()
+        for result in waiting:
+            result.unlink(wake)
+        _settle(outcome, interpret)
+
+    def woken() -> None:
+        if all(result.ready() for result in waiting):
+            settle()
+
+    def wake(_: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(woken)
+        except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
+            pass
+
+    timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()), settle)
+    for result in waiting:
+        result.rawlink(wake)
+    return outcome
+
+
+def _settle(outcome: Outcome[T], interpret: Callable[[], T]) -> None:
+    try:
+        outcome.set_result(interpret())
+    except Exception as exc:
+        outcome.set_exception(exc)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -1,18 +1,22 @@
-"""Faults on a private ZooKeeper: the server goes down and comes back, or restarts.
+"""Faults on a private ZooKeeper: the server goes down and comes back, restarts, or freezes.
 
 Nothing here touches the shared server: each test gets its own standalone
 ZooKeeper on a free port, run by the repository's ``scripts/zookeeper.sh`` (the
 test skips when that script is not there, as in an installed sdist), which it
-stops and restarts at will.
+stops, restarts and freezes (SIGSTOP: connections stay open, nothing answers)
+at will.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +24,8 @@ import pytest
 
 import multilock
 from multilock.errors import BackendUnavailable
+from multilock.testing import apoll, require_backends
 from multilock.testing import poll as _poll
-from multilock.testing import require_backends
 
 pytestmark = pytest.mark.faults
 
@@ -58,7 +62,19 @@ class PrivateZooKeeper:
         self._run("start")
 
     def stop(self) -> None:
+        self.thaw()  # a frozen JVM would not stop
         self._run("stop")
+
+    def freeze(self) -> None:
+        """Stop the server's process where it stands: a blackhole that keeps connections."""
+        os.kill(self._pid(), signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let a frozen server go on."""
+        os.kill(self._pid(), signal.SIGCONT)
+
+    def _pid(self) -> int:
+        return int((Path(self.env["MULTILOCK_ZK_DIR"]) / "zookeeper.pid").read_text())
 
 
 @pytest.fixture
@@ -135,3 +151,102 @@ def test_a_restart_within_the_session_keeps_the_lease_with_suspended_keep(
         assert other.try_acquire("job") is None
         assert lease.release() is True
         assert poll("the lock free", lambda: other.try_acquire("job")) is not None
+
+
+async def _frozen_calls(server: PrivateZooKeeper, url: str) -> dict[str, Any]:
+    """Freeze the server under a connected async locker holding a lease; time an acquire,
+    a cancelled acquire and a release; thaw; wait until another locker can take each name
+    while the first one is still open (its own clean-up, not its session's end)."""
+    seen: dict[str, Any] = {}
+    async with multilock.connect_async(url) as locker, multilock.connect_async(url) as other:
+        # A JVM just started can be slow to open the first session on a busy machine.
+        lease = await apoll("the first acquire", partial(locker.try_acquire, "held"), BOUND)
+        server.freeze()
+        try:
+            start = time.monotonic()
+            try:
+                await locker.try_acquire("cut")
+            except BackendUnavailable as exc:
+                seen["acquire"] = exc
+            seen["acquire_s"] = time.monotonic() - start
+            start = time.monotonic()
+            cancelled = asyncio.ensure_future(locker.try_acquire("cancelled"))
+            await asyncio.sleep(0)  # the create is in flight
+            cancelled.cancel()
+            try:
+                await cancelled
+            except asyncio.CancelledError:
+                seen["cancelled"] = True
+            seen["cancelled_s"] = time.monotonic() - start
+            start = time.monotonic()
+            seen["release"] = await lease.release()
+            seen["release_s"] = time.monotonic() - start
+        finally:
+            server.thaw()
+        for name in ("held", "cut", "cancelled"):
+            taken = await apoll(f"{name!r} free", partial(other.try_acquire, name), BOUND)
+            await taken.release()
+    return seen
+
+
+def test_async_calls_on_a_frozen_server_end_by_their_deadline_and_leave_nothing(
+    private_zookeeper: Callable[..., PrivateZooKeeper],
+) -> None:
+    # The async acquire and release are awaited as futures with no task of their own
+    # (the core's started path): their own deadline, not a task's, must end them.
+    server = private_zookeeper()
+    url = f"{server.url}?connect_timeout={CONNECT_TIMEOUT}&session_timeout=20s"
+    seen = asyncio.run(_frozen_calls(server, url))
+    assert isinstance(seen.get("acquire"), BackendUnavailable), seen
+    assert seen.get("cancelled") is True, seen
+    assert seen["release"] is False, seen  # unanswered: the locker deletes the node later
+    for took in ("acquire_s", "cancelled_s", "release_s"):
+        assert seen[took] < PROMPT, seen
+
+
+async def _cancelled_in_flight(server: PrivateZooKeeper, url: str) -> dict[str, Any]:
+    """Cancel an async acquire, then a release, while the server is frozen, and thaw it:
+    each request is answered after its caller was cancelled. Whether the name is free
+    the moment each cancellation has landed."""
+    seen: dict[str, Any] = {}
+    async with multilock.connect_async(url) as locker, multilock.connect_async(url) as other:
+        # A JVM just started can be slow to open the first session on a busy machine.
+        lease = await apoll("the first acquire", partial(locker.try_acquire, "held"), BOUND)
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
+            "acquire": partial(locker.try_acquire, "job"),
+            "release": lease.release,
+        }
+        for step, call in calls.items():
+            server.freeze()
+            try:
+                task = asyncio.ensure_future(call())
+                await asyncio.sleep(0)  # the request is in flight
+                task.cancel()
+            finally:
+                server.thaw()
+            try:
+                await task
+            except asyncio.CancelledError:
+                seen[f"{step} cancelled"] = True
+            name = "job" if step == "acquire" else "held"
+            taken = await other.try_acquire(name)
+            seen[f"{name} free"] = taken is not None
+            if taken is not None:
+                await taken.release()
+    return seen
+
+
+def test_async_calls_cancelled_in_flight_finish_before_the_cancellation_lands(
+    private_zookeeper: Callable[..., PrivateZooKeeper],
+) -> None:
+    # A grant that arrives after its caller was cancelled is released, and a release
+    # completes, before the caller sees the CancelledError (the core's Outcome).
+    server = private_zookeeper()
+    url = f"{server.url}?connect_timeout=5s&session_timeout=20s"
+    seen = asyncio.run(_cancelled_in_flight(server, url))
+    assert seen == {
+        "acquire cancelled": True,
+        "job free": True,
+        "release cancelled": True,
+        "held free": True,
+    }

@@ -3,7 +3,9 @@
 Only the flow lives here: send requests (``Session``), wait for them
 (``async_settle``), interpret them (``Session`` again). An acquire is one
 ephemeral create; ``try_acquire_many`` sends all its creates before waiting
-for any, so a batch costs one round trip's worth of latency.
+for any, so a batch costs one round trip's worth of latency. The async API's
+single acquire and release mostly skip this flow for a cheaper one that does
+not wait in a task (``_started``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from .._bridge import async_settle, async_stop
 from .._capabilities import CAPABILITIES
 from .._config import Config
 from .._session import Session
+from .._started import AsyncStartedLease, AsyncStartedLocker
 
 __all__ = ["AsyncZooKeeperLease", "AsyncZooKeeperLocker"]
 
 
-class AsyncZooKeeperLease(AsyncLeaseBase):
+class AsyncZooKeeperLease(AsyncStartedLease, AsyncLeaseBase):
     """A lease of the ``zookeeper://`` backend: an ephemeral node of our session.
 
     ``fencing_token`` is the node's creation zxid; ``expires_at`` is ``None``
@@ -49,7 +52,7 @@ class AsyncZooKeeperLease(AsyncLeaseBase):
         return None
 
 
-class AsyncZooKeeperLocker(AsyncLockerBase):
+class AsyncZooKeeperLocker(AsyncStartedLocker, AsyncLockerBase):
     """The async locker of ``zookeeper://host:port,.../chroot`` (one kazoo session)."""
 
     capabilities = CAPABILITIES

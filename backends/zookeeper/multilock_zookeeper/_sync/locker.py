@@ -6,7 +6,9 @@
 Only the flow lives here: send requests (``Session``), wait for them
 (``async_settle``), interpret them (``Session`` again). An acquire is one
 ephemeral create; ``try_acquire_many`` sends all its creates before waiting
-for any, so a batch costs one round trip's worth of latency.
+for any, so a batch costs one round trip's worth of latency. The async API's
+single acquire and release mostly skip this flow for a cheaper one that does
+not wait in a task (``_started``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from .._bridge import sync_settle, sync_stop
 from .._capabilities import CAPABILITIES
 from .._config import Config
 from .._session import Session
+from .._started import SyncStartedLease, SyncStartedLocker
 
 __all__ = ["ZooKeeperLease", "ZooKeeperLocker"]
 
 
-class ZooKeeperLease(LeaseBase):
+class ZooKeeperLease(SyncStartedLease, LeaseBase):
     """A lease of the ``zookeeper://`` backend: an ephemeral node of our session.
 
     ``fencing_token`` is the node's creation zxid; ``expires_at`` is ``None``
@@ -52,7 +55,7 @@ class ZooKeeperLease(LeaseBase):
         return None
 
 
-class ZooKeeperLocker(LockerBase):
+class ZooKeeperLocker(SyncStartedLocker, LockerBase):
     """The async locker of ``zookeeper://host:port,.../chroot`` (one kazoo session)."""
 
     capabilities = CAPABILITIES

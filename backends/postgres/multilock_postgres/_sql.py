@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
+from typing import Any
 
-from psycopg import sql
+from psycopg import postgres, sql
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 __all__ = [
     "LOCKS",
@@ -12,6 +16,8 @@ __all__ = [
     "UNLOCK",
     "UNLOCK_ALL",
     "UNLOCK_MANY",
+    "BigintArray",
+    "BigintArrayDumper",
     "Statements",
     "bigint_array",
     "ensure_sequence",
@@ -44,7 +50,7 @@ class Statements:
     ``NULL`` when it was but fencing is off -- so that one code path reads both.
     ``nextval`` runs only for a granted lock: a failed try burns no token.
 
-    ``lock`` returns that token. ``lock_many`` takes the keys as one array
+    ``lock`` returns that token. ``lock_many`` takes the keys as one binary array
     (:func:`bigint_array`) and returns one row: the granted keys and their tokens,
     two arrays in the same order (``NULL``, ``NULL`` when none was granted). One
     row of two arrays, not a row per key, because decoding rows is most of the
@@ -65,7 +71,7 @@ def statements(sequence: str | None) -> Statements:
     # exactly once per row, never inlined into the outer query, where the filter
     # could evaluate the CASE a second time and lock a key twice.
     many = sql.SQL(
-        "WITH t AS (SELECT k, {} AS f FROM unnest(%t::bigint[]) AS k)"
+        "WITH t AS (SELECT k, {} AS f FROM unnest(%b::bigint[]) AS k)"
         " SELECT array_agg(k), array_agg(f) FROM t WHERE f IS DISTINCT FROM 0"
     )
     # Rendered once to text: psycopg caches the parsing of a text query, not of a
@@ -78,11 +84,35 @@ def statements(sequence: str | None) -> Statements:
     )
 
 
-def bigint_array(keys: list[int]) -> str:
-    """``keys`` as the text of a ``bigint[]`` (``{1,-2,3}``), the parameter of
-    ``lock_many``: for a thousand keys, a few times cheaper to build than a binary
-    array of ``Int8`` (and the server parses either as fast)."""
-    return "{" + ",".join(map(str, keys)) + "}"
+_INT8_OID = postgres.types["int8"].oid
+
+
+class BigintArray(bytes):
+    """Advisory keys already in the binary wire format of a ``bigint[]``."""
+
+
+class BigintArrayDumper(Dumper):
+    """Sends a :class:`BigintArray` as it is: registered on the locker's connection."""
+
+    format = Format.BINARY
+    oid = postgres.types["int8"].array_oid
+
+    def dump(self, obj: Any) -> bytes:
+        """The bytes of the array, unchanged."""
+        assert isinstance(obj, BigintArray)
+        return obj
+
+
+def bigint_array(keys: list[int]) -> BigintArray:
+    """``keys`` as a binary ``bigint[]``, the parameter of ``lock_many`` and
+    ``UNLOCK_MANY``: one dimension, no nulls, element type, length, lower bound 1,
+    then each key after its length. One ``struct.pack`` for a thousand keys is
+    several times cheaper than psycopg's dumping of a list of ``Int8``, and the
+    server reads it faster than the text of the same array."""
+    n = len(keys)
+    fields = [8] * (2 * n)
+    fields[1::2] = keys
+    return BigintArray(struct.pack(f"!5i{'iq' * n}", 1, 0, _INT8_OID, n, 1, *fields))
 
 
 def ensure_sequence(sequence: str) -> tuple[sql.Composed, sql.Composed]:

@@ -92,6 +92,25 @@ def test_names_sharing_a_key_exclude_each_other(
         assert holders(advisory_key(first)) == []
 
 
+def test_suspect_keys_are_unlocked_before_the_next_query(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    first, second, later = _names(3)
+    with multilock.connect(make_url()) as locker:
+        assert isinstance(locker, PostgresLocker)
+        lease = locker.try_acquire(later)  # connect
+        assert lease is not None
+        # What an acquire interrupted in flight leaves: keys the server may have
+        # granted to the session, with no lease. Planted here by locking them directly.
+        keys = [advisory_key(first), advisory_key(second)]
+        assert locker._cursor is not None
+        locker._cursor.execute("SELECT pg_advisory_lock(k) FROM unnest(%s::bigint[]) AS k", [keys])
+        locker._suspects.update(keys)
+        assert [holders(key) for key in keys] == [[locker.session_pid]] * 2
+        lease.release()
+        assert [holders(key) for key in keys] == [[], []]
+
+
 @pytest.mark.parametrize("fencing", [False, True])
 def test_batch_takes_each_granted_key_once(
     make_url: Callable[..., str], holders: Callable[[int], list[int]], fencing: bool

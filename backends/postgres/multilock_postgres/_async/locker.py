@@ -307,10 +307,10 @@ class AsyncPostgresLocker(AsyncLockerBase):
             raise
 
     async def _unlock_suspects(self, cursor: psycopg.AsyncCursor[Any]) -> None:
-        keys = [Int8(k) for k in self._suspects if k not in self._held]
+        keys = [k for k in self._suspects if k not in self._held]
         self._suspects.clear()
         if keys:
-            await self._execute(cursor, _sql.UNLOCK_MANY, (keys,))
+            await self._execute(cursor, _sql.UNLOCK_MANY, (_sql.bigint_array(keys),))
 
     async def _connect(self) -> psycopg.AsyncCursor[Any]:
         settings = self._settings
@@ -331,6 +331,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
         except BaseException:
             await conn.close()
             raise
+        conn.adapters.register_dumper(_sql.BigintArray, _sql.BigintArrayDumper)
         self._conn = conn
         self._severed = None
         self._prepared.clear()

@@ -307,10 +307,10 @@ class PostgresLocker(LockerBase):
             raise
 
     def _unlock_suspects(self, cursor: psycopg.Cursor[Any]) -> None:
-        keys = [Int8(k) for k in self._suspects if k not in self._held]
+        keys = [k for k in self._suspects if k not in self._held]
         self._suspects.clear()
         if keys:
-            self._execute(cursor, _sql.UNLOCK_MANY, (keys,))
+            self._execute(cursor, _sql.UNLOCK_MANY, (_sql.bigint_array(keys),))
 
     def _connect(self) -> psycopg.Cursor[Any]:
         settings = self._settings
@@ -329,6 +329,7 @@ class PostgresLocker(LockerBase):
         except BaseException:
             conn.close()
             raise
+        conn.adapters.register_dumper(_sql.BigintArray, _sql.BigintArrayDumper)
         self._conn = conn
         self._severed = None
         self._prepared.clear()

@@ -8,8 +8,9 @@ released or until :meth:`MemoryLocker.revoke` takes them away, which fires
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from ._base import (
     AsyncLeaseBase,
@@ -17,11 +18,14 @@ from ._base import (
     LeaseBase,
     LockerBase,
     LockInfo,
+    Outcome,
     _LeaseState,
     new_token,
 )
 from ._url import LockURL, OptionParser, as_duration
 from .abc import Capability
+
+T = TypeVar("T")
 
 __all__ = ["AsyncMemoryLocker", "MemoryBackend", "MemoryLocker", "backend"]
 
@@ -95,8 +99,18 @@ class AsyncMemoryLease(AsyncLeaseBase):
     async def _release(self) -> bool:
         return _drop(self)
 
+    def _start_release(self) -> Outcome[bool]:
+        # Nothing to wait for: settled at once, so the base awaits no task.
+        return _settled(_drop(self))
+
     async def _extend(self, ttl: float | None) -> float | None:
         return None
+
+
+def _settled(value: T) -> Outcome[T]:
+    outcome: Outcome[T] = Outcome(loop=asyncio.get_running_loop())
+    outcome.set_result(value)
+    return outcome
 
 
 class _MemoryCommon:
@@ -168,6 +182,10 @@ class AsyncMemoryLocker(_MemoryCommon, AsyncLockerBase):
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         lease: AsyncLeaseBase | None = self._take(name, AsyncMemoryLease)
         return lease
+
+    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None]:
+        lease: AsyncLeaseBase | None = self._take(name, AsyncMemoryLease)
+        return _settled(lease)
 
     async def _close(self) -> None:
         self._drop_all()

@@ -69,6 +69,9 @@ def _many(results: _report.Results, quick: bool) -> None:
             del urls[backend]
     sizes = many_locks.QUICK_SIZES if quick else many_locks.SIZES
     results.many = many_locks.measure(urls, sizes, 2 if quick else 5)
+    results.many_delay_ms = many_locks.DELAY_MS
+    with many_locks.through_proxies(urls, many_locks.DELAY_MS) as proxied:
+        results.many_delayed = many_locks.measure(proxied, sizes, 2 if quick else 5)
 
 
 def _scheduler(results: _report.Results, quick: bool) -> None:

@@ -44,7 +44,23 @@ __all__ = [
 
 T = TypeVar("T")
 _counter = itertools.count()
-_PID_PREFIX: list[str] = []
+
+
+def _token_prefix() -> str:
+    return f"{os.getpid():x}-{os.urandom(8).hex()}-"
+
+
+# Drawn once per process: a forked child draws its own at once (register_at_fork
+# below), so new_token() need not look at the pid on every call.
+_prefix = _token_prefix()
+
+
+def _redraw_prefix() -> None:
+    global _prefix
+    _prefix = _token_prefix()
+
+
+os.register_at_fork(after_in_child=_redraw_prefix)
 
 
 def new_token() -> str:
@@ -53,10 +69,7 @@ def new_token() -> str:
     Random per process (re-drawn after fork), then a counter: cheaper than a
     ``uuid4`` per acquisition on the hot path, and as unique.
     """
-    pid = os.getpid()
-    if not _PID_PREFIX or not _PID_PREFIX[0].startswith(f"{pid:x}-"):
-        _PID_PREFIX[:] = [f"{pid:x}-{os.urandom(8).hex()}-"]
-    return f"{_PID_PREFIX[0]}{next(_counter):x}"
+    return f"{_prefix}{next(_counter):x}"
 
 
 def _expiry(ttl: float | None) -> datetime | None:
@@ -75,12 +88,16 @@ class _LeaseState:
         token: str,
         fencing_token: int | None = None,
         ttl: float | None = None,
+        *,
+        expires_at: datetime | None = None,
     ) -> None:
+        # ``expires_at`` instead of ``ttl``: a backend that granted a batch at one
+        # instant computes its expiry once, not per lease (about 1 us each).
         self.name = name
         self.key = key
         self.token = token
         self.fencing_token = fencing_token
-        self.expires_at = _expiry(ttl)
+        self.expires_at = _expiry(ttl) if expires_at is None else expires_at
         self.lost = LostSignal()
         self._released = False
 

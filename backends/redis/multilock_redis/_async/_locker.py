@@ -7,6 +7,7 @@ The sync API in ``_sync/`` is generated from this module by
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
 
@@ -33,8 +34,9 @@ class AsyncRedisLease(AsyncLeaseBase):
         token: str,
         fencing_token: int,
         ttl: float,
+        expires_at: datetime | None = None,
     ) -> None:
-        super().__init__(name, key, token, fencing_token, ttl)
+        super().__init__(name, key, token, fencing_token, ttl, expires_at=expires_at)
         self._locker = locker
         self._ttl = ttl
 
@@ -85,9 +87,13 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
     ) -> dict[str, AsyncLeaseBase | None]:
         result: dict[str, AsyncLeaseBase | None] = {}
         leases = []
+        # One script granted them all: one expiry serves the batch.
+        expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
         for i, name in enumerate(names):
             if fences[i]:
-                lease = AsyncRedisLease(self, name, keys[2 * i], tokens[i], fences[i], ttl)
+                lease = AsyncRedisLease(
+                    self, name, keys[2 * i], tokens[i], fences[i], ttl, expires_at
+                )
                 leases.append(lease)
                 result[name] = lease
             else:

@@ -10,6 +10,7 @@ The sync API in ``_sync/`` is generated from this module by
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 from multilock.backend import LeaseBase, LockerBase, LockURL
 
@@ -36,8 +37,9 @@ class RedisLease(LeaseBase):
         token: str,
         fencing_token: int,
         ttl: float,
+        expires_at: datetime | None = None,
     ) -> None:
-        super().__init__(name, key, token, fencing_token, ttl)
+        super().__init__(name, key, token, fencing_token, ttl, expires_at=expires_at)
         self._locker = locker
         self._ttl = ttl
 
@@ -86,9 +88,11 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     ) -> dict[str, LeaseBase | None]:
         result: dict[str, LeaseBase | None] = {}
         leases = []
+        # One script granted them all: one expiry serves the batch.
+        expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
         for i, name in enumerate(names):
             if fences[i]:
-                lease = RedisLease(self, name, keys[2 * i], tokens[i], fences[i], ttl)
+                lease = RedisLease(self, name, keys[2 * i], tokens[i], fences[i], ttl, expires_at)
                 leases.append(lease)
                 result[name] = lease
             else:

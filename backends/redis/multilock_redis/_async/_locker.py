@@ -14,7 +14,7 @@ from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
 from .._common import RedisLockerCommon
 from .._config import async_client
 from .._errors import REDIS_ERRORS, translate
-from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
+from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
 from ._lua import AsyncLink
 
 __all__ = ["AsyncRedisLease", "AsyncRedisLocker"]
@@ -71,10 +71,10 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = await self._link.run(ACQUIRE_MANY, keys, args)
+            answer = await self._link.run(ACQUIRE_MANY, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
-        return self._granted(names, keys, tokens, fences, ttl, start)
+        return self._granted(names, keys, tokens, parse_fences(answer), ttl, start)
 
     def _granted(
         self,

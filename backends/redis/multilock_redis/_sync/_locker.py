@@ -17,7 +17,7 @@ from multilock.backend import LeaseBase, LockerBase, LockURL
 from .._common import RedisLockerCommon
 from .._config import sync_client
 from .._errors import REDIS_ERRORS, translate
-from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY
+from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
 from ._lua import SyncLink
 
 __all__ = ["RedisLease", "RedisLocker"]
@@ -72,10 +72,10 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         keys, args, tokens = self._acquire_request(names, ttl)
         start = time.monotonic()
         try:
-            fences = self._link.run(ACQUIRE_MANY, keys, args)
+            answer = self._link.run(ACQUIRE_MANY, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
-        return self._granted(names, keys, tokens, fences, ttl, start)
+        return self._granted(names, keys, tokens, parse_fences(answer), ttl, start)
 
     def _granted(
         self,

@@ -1,29 +1,35 @@
-"""One run of one job: start it, watch it, stop it on timeout or a lost lease."""
+"""One run of one job: start it, watch it, hold its lease, end it.
+
+A run is driven by callbacks on the event loop, not by a task of its own: the
+body's done callback, the lease's lost signal, a loop timer for the job's
+timeout and one for the end of the lease hold. With a thousand jobs due at one
+instant a task per run (plus a task per hold) cost more CPU than the bodies;
+callbacks cost a few function calls.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Protocol
 
 from ._clock import Clock, call_at
 from ._events import EventKind
 from ._jobs import Job, RunContext, start_run
 from ._signal import LostSignal
+from .abc import AsyncLease
 
-__all__ = ["Outcome", "Wakeup", "begin", "supervise", "wait_quietly"]
+__all__ = ["Host", "JobState", "Run", "begin", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
-
-Outcome = tuple[EventKind, BaseException | None, str | None]
-"""The kind of the final event, the job's exception (``failed``), and a reason."""
 
 
 def begin(job: Job, run: RunContext) -> asyncio.Future[Any]:
     """Start ``job``'s body now (a task, or a worker thread for sync jobs); a failure to
-    call it (its arguments) comes back as a failed future, reported by :func:`supervise`."""
+    call it (its arguments) comes back as a failed future, reported as ``failed``."""
     try:
         return start_run(job, run)
     except Exception as exc:
@@ -32,108 +38,237 @@ def begin(job: Job, run: RunContext) -> asyncio.Future[Any]:
         return failed
 
 
-async def supervise(
-    job: Job,
-    run: RunContext,
-    body: asyncio.Future[Any],
-    started: float,
-    clock: Clock,
-    lost: LostSignal | None,
-) -> Outcome:
-    """Watch ``body`` (from :func:`begin`, at ``started`` by ``clock``) to its end, the
-    job's timeout, or the loss of ``lost``; never raises for the job.
+class JobState(Protocol):
+    """What a run reads and changes of its job's state (the scheduler's ``_JobState``)."""
 
-    An async job is cancelled on timeout or loss. A sync job runs in a worker
-    thread, which cannot be interrupted: its ``cancel_event`` is set and the run
-    waits for it to return, so the lease is not released under a still-running
-    body. If this task itself is cancelled (shutdown past its stop timeout), the
-    job is cancelled (or flagged) and the cancellation propagates at once.
-    """
-    body.add_done_callback(_consume)
-    # One future woken by whichever comes first: no guard tasks, no asyncio.wait. Armed
-    # before the sources are added: a lease lost already wakes it at once.
-    wake = Wakeup()
-    woken = wake.wait()
-    body.add_done_callback(wake)
-    if lost is not None:
-        lost.add_callback(wake.from_any_thread)
-    cancel_timer = None
-    if job.timeout is not None:
-        cancel_timer = call_at(clock, started + job.timeout, wake)
-    try:
-        await woken
-    except asyncio.CancelledError:
-        # Shutdown past its stop timeout: ask the body to stop, but do not wait for
-        # it -- the caller releases the lease and a stuck worker thread is abandoned.
-        run.cancel_event.set()
-        body.cancel()
-        if not isinstance(body, asyncio.Task) and not body.done():
-            log.warning("job %s: its worker thread is still running at shutdown", job.name)
-        raise
-    finally:
-        body.remove_done_callback(wake)
-        if lost is not None:
-            lost.remove_callback(wake.from_any_thread)
-        if cancel_timer is not None:
-            cancel_timer()
-    if body.done():
-        if body.cancelled():
-            return EventKind.FAILED, None, "the job cancelled itself"
-        error = body.exception()
-        if error is not None:
-            return EventKind.FAILED, error, None
-        return EventKind.SUCCEEDED, None, None
-    if lost is not None and lost.is_set():
-        outcome: Outcome = (EventKind.LEASE_LOST, None, lost.reason or "lease lost")
-    else:
-        outcome = (EventKind.TIMED_OUT, None, f"timeout of {job.timeout}s")
-    await _stop_body(body, run)
-    return outcome
+    running: bool
+    holding: AsyncLease | None
+    watchers: list[Callable[[], object]]
+
+    def notify(self) -> None:
+        """Wake whoever waits for the state to change."""
+
+    def settle(self) -> None:
+        """The run is over and its lease released."""
 
 
-class Wakeup:
-    """A future to await, completed by the first of several sources: done callbacks of
-    futures (``fut.add_done_callback(wakeup)``), a lost signal from any thread
-    (``signal.add_callback(wakeup.from_any_thread)``), or a direct call.
+class Host(Protocol):
+    """What a run needs of its scheduler."""
 
-    Cheaper than a task per source and ``asyncio.wait``. :meth:`wait` arms a new
-    future each time; a wake while none is armed is dropped, so re-check the
-    conditions before each :meth:`wait` (nothing can happen between the check and
-    the wait: both run on the loop without yielding).
+    clock: Clock
+
+    def _emit_outcome(
+        self,
+        kind: EventKind,
+        job: Job,
+        fire: datetime,
+        duration: float,
+        error: BaseException | None,
+        reason: str | None,
+    ) -> None:
+        """Report how the body ended."""
+
+    def _hold_until(self, job: Job, fire: datetime) -> float:
+        """When (by the clock) the lease of the tick ``fire`` may be released."""
+
+    def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
+        """Release ``lease`` (soon, on the loop), then call ``then()``."""
+
+    def _run_finished(self, run: Run) -> None:
+        """The run is over: body, hold and release."""
+
+
+class Run:
+    """One tick's run, its body started: watch the body, report its outcome, keep the
+    lease until the hold ends (or the next tick takes it over), release it.
+
+    ``lost`` is the signal whose firing cancels the body: the job's lease, or the
+    leader lease in leader mode (``lease`` is then ``None``: nothing to hold).
     """
 
-    __slots__ = ("_future", "_loop", "_thread")
+    __slots__ = (
+        "_cancel_timer",
+        "_cut",
+        "_host",
+        "_keepalive",
+        "_loop",
+        "_on_lost",
+        "_thread",
+        "body",
+        "context",
+        "fire",
+        "job",
+        "lease",
+        "lost",
+        "started",
+        "state",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        host: Host,
+        job: Job,
+        fire: datetime,
+        state: JobState,
+        lease: AsyncLease | None,
+        lost: LostSignal | None,
+        context: RunContext,
+        body: asyncio.Future[Any],
+        started: float,
+    ) -> None:
+        self._host = host
+        self.job, self.fire, self.state = job, fire, state
+        self.lease, self.lost = lease, lost
+        self.context, self.body, self.started = context, body, started
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
-        self._future: asyncio.Future[None] | None = None
+        self._cut: tuple[EventKind, str] | None = None  # why the run stopped the body
+        self._cancel_timer: Callable[[], object] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+        self._on_lost: Callable[[str], object] | None = None
 
-    def wait(self) -> asyncio.Future[None]:
-        """A fresh future, completed by the next wake."""
-        self._future = self._loop.create_future()
-        return self._future
+    def start(self, keepalive: asyncio.Task[None] | None) -> None:
+        """Watch the body: its end, the lost signal, the job's timeout."""
+        self._keepalive = keepalive
+        self.body.add_done_callback(self._body_done)
+        if self.job.timeout is not None:
+            deadline = self.started + self.job.timeout
+            self._cancel_timer = call_at(self._host.clock, deadline, self._timed_out)
+        if self.lost is not None:
+            self._watch_lost(self._lost_while_running)
 
-    def __call__(self, *_: object) -> None:
-        """Wake the waiter (on the loop's thread)."""
-        future = self._future
-        if future is not None and not future.done():
-            future.set_result(None)
+    # --- the body ---------------------------------------------------------------------
 
-    def from_any_thread(self, *_: object) -> None:
-        """Wake the waiter from whichever thread calls (a backend's lost signal)."""
-        if threading.get_ident() == self._thread:
-            self()
-        elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self)
+    def _lost_while_running(self) -> None:
+        reason = self.lost.reason if self.lost is not None else None
+        self._stop_body(EventKind.LEASE_LOST, reason or "lease lost")
 
+    def _timed_out(self) -> None:
+        self._stop_body(EventKind.TIMED_OUT, f"timeout of {self.job.timeout}s")
 
-async def _stop_body(body: asyncio.Future[Any], run: RunContext) -> None:
-    run.cancel_event.set()
-    if isinstance(body, asyncio.Task):
-        body.cancel()
-    # A worker thread cannot be cancelled: its future completes when it returns.
-    await wait_quietly(body)
+    def _stop_body(self, kind: EventKind, reason: str) -> None:
+        if self.body.done() or self._cut is not None:
+            return
+        self._cut = (kind, reason)
+        self.context.cancel_event.set()
+        # A worker thread cannot be interrupted: its future ends when it returns, and
+        # the lease stays held until then.
+        if isinstance(self.body, asyncio.Task):
+            self.body.cancel()
+
+    def _body_done(self, body: asyncio.Future[Any]) -> None:
+        self._unwatch_lost()
+        if self._cancel_timer is not None:
+            self._cancel_timer()
+            self._cancel_timer = None
+        self.state.running = False
+        self.state.notify()
+        error: BaseException | None = None
+        reason: str | None = None
+        if self._cut is not None:
+            kind, reason = self._cut
+            if not body.cancelled():
+                body.exception()  # retrieved: the outcome is the cut, not what it raised
+        elif body.cancelled():
+            kind, reason = EventKind.FAILED, "the job cancelled itself"
+        else:
+            error = body.exception()
+            kind = EventKind.SUCCEEDED if error is None else EventKind.FAILED
+        duration = self._host.clock.now() - self.started
+        self._host._emit_outcome(kind, self.job, self.fire, duration, error, reason)
+        if self.lease is not None and kind is not EventKind.LEASE_LOST:
+            self._hold(self.lease)
+        else:
+            self._release()
+
+    # --- the hold ---------------------------------------------------------------------
+
+    def _hold(self, lease: AsyncLease) -> None:
+        """Keep the lease until the hold ends, so that a replica firing this tick late
+        finds it held; the next tick of this job may take it over meanwhile."""
+        if not lease.held:
+            self._release()
+            return
+        state = self.state
+        state.holding = lease
+        state.notify()
+        state.watchers.append(self._handed_over)
+        self._cancel_timer = call_at(
+            self._host.clock, self._host._hold_until(self.job, self.fire), self._hold_ended
+        )
+        self._watch_lost(self._hold_ended)
+
+    def _handed_over(self) -> None:
+        # Called on every notify of the job's state: only a take-over ends the hold.
+        if self.state.holding is not self.lease:
+            self._end_hold()
+            self._finish(settle=False)  # the next tick's run owns the lease now
+
+    def _hold_ended(self) -> None:
+        if self.state.holding is self.lease:
+            self.state.holding = None
+            self._end_hold()
+            self._release()
+
+    def _end_hold(self) -> None:
+        if self._handed_over in self.state.watchers:
+            self.state.watchers.remove(self._handed_over)
+        if self._cancel_timer is not None:
+            self._cancel_timer()
+            self._cancel_timer = None
+        self._unwatch_lost()
+
+    # --- the end ----------------------------------------------------------------------
+
+    def _release(self) -> None:
+        if self.lease is None:
+            self._finish(settle=True)
+        else:
+            self._host._release_later(self.lease, lambda: self._finish(settle=True))
+
+    def _finish(self, *, settle: bool) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        if settle:
+            self.state.settle()
+        self._host._run_finished(self)
+
+    def abort(self) -> None:
+        """Shutdown past its stop timeout: stop the body without waiting for it (a stuck
+        worker thread is abandoned), end the hold; the scheduler releases the lease."""
+        if not self.body.done():
+            self._stop_body(EventKind.FAILED, "stopped")
+            if not isinstance(self.body, asyncio.Task):
+                log.warning("job %s: its worker thread is still running at shutdown", self.job.name)
+            self.body.remove_done_callback(self._body_done)
+            self.body.add_done_callback(_consume)
+        if self.state.holding is self.lease:
+            self.state.holding = None
+        self._end_hold()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self.state.running = False
+        self.state.settle()
+
+    # --- the lost signal, from any thread -----------------------------------------------
+
+    def _watch_lost(self, then: Callable[[], None]) -> None:
+        if self.lost is None:
+            return
+
+        def on_lost(_: str) -> None:
+            if threading.get_ident() == self._thread:
+                then()
+            elif not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(then)
+
+        self._on_lost = on_lost
+        self.lost.add_callback(on_lost)
+
+    def _unwatch_lost(self) -> None:
+        if self._on_lost is not None and self.lost is not None:
+            self.lost.remove_callback(self._on_lost)
+        self._on_lost = None
 
 
 async def wait_quietly(work: Awaitable[Any]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._clock import Clock, SystemClock, call_at
+from ._clock import Clock, SystemClock
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log, wanted
 from ._file import default_directory
@@ -29,7 +29,7 @@ from ._keys import advisory_key
 from ._leases import Leadership, keep_alive
 from ._metrics import metrics_listener
 from ._registry import connect_async
-from ._runs import Wakeup, begin, supervise, wait_quietly
+from ._runs import Run, begin, wait_quietly
 from ._service import Service
 from ._signal import LostSignal
 from ._sync_adapter import AsyncView
@@ -54,7 +54,7 @@ class _JobState:
     running: bool = False  # a body runs: what ``overlap`` is about
     busy: bool = False  # a run is not over: its body, lease hold or release
     holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)  # see changed()
     watchers: list[Callable[[], object]] = field(default_factory=list)  # called on notify
 
     def claim(self) -> None:
@@ -63,10 +63,19 @@ class _JobState:
 
     def notify(self) -> None:
         """Wake whoever waits for this job's state to change."""
-        changed, self.changed = self.changed, asyncio.Event()
-        changed.set()
-        for watcher in self.watchers:
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        for watcher in tuple(self.watchers):  # a watcher may remove itself
             watcher()
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future done at the next :meth:`notify` (made only for who waits: most
+        notifies have no waiter)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        return waiter
 
     def settle(self) -> None:
         """The run is over and its lease released."""
@@ -174,8 +183,12 @@ class Scheduler(Service):
         self._guard = threading.Lock()
         self._keys: dict[int, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._runs: set[asyncio.Task[None]] = set()
+        self._runs: set[asyncio.Task[None]] = set()  # tasks: waits for a previous run, releases
+        self._active: set[Run] = set()  # runs not over (body, hold or release)
         self._held: set[AsyncLease] = set()  # released at stop even if a run never started
+        self._releasing: list[tuple[AsyncLease, Callable[[], object]]] = []
+        self._flushing = False
+        self._quiet: asyncio.Future[None] | None = None  # stop() waits on it
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
         self._stopping = False
@@ -293,8 +306,13 @@ class Scheduler(Service):
         for task in self._tasks:
             await wait_quietly(task)
         self._tasks.clear()
-        if self._runs:
-            await asyncio.wait(set(self._runs), timeout=self.stop_timeout)
+        if self._active or self._runs:
+            self._quiet = asyncio.get_running_loop().create_future()
+            await asyncio.wait({self._quiet}, timeout=self.stop_timeout)
+            self._quiet = None
+        for run in list(self._active):
+            run.abort()  # its lease is still in _held: released below
+        self._active.clear()
         for task in list(self._runs):
             task.cancel()
         for task in list(self._runs):
@@ -355,7 +373,6 @@ class Scheduler(Service):
         lookback = min(state.job.misfire_grace, self.skew_tolerance)
         since = self._now() - timedelta(seconds=lookback)
         state.next_fire = state.job.next_fire(since)
-        state.changed = asyncio.Event()  # bound to this loop
         state.settle()
         if self._wake is not None:
             self._wake.set()
@@ -434,7 +451,7 @@ class Scheduler(Service):
     async def _after_previous(self, due: _Due) -> None:
         state = due.state
         while not state.ready:  # the previous run, or its lease release
-            await state.changed.wait()
+            await state.changed()
         late = self.clock.now() - due.fire.timestamp()
         if self._stopping:
             return
@@ -492,9 +509,9 @@ class Scheduler(Service):
         return runs
 
     def _launch(self, runs: list[_Start]) -> None:
-        """Start the bodies of ``runs``, then their supervisors: each body is queued on the
-        loop before any supervisor's setup, so the last of many jobs due at one instant
-        does not wait for every other job's bookkeeping."""
+        """Start the bodies of ``runs``, then watch them (:class:`~multilock._runs.Run`):
+        every body is queued on the loop before any run's bookkeeping, so the last of
+        many jobs due at one instant does not wait for every other job's."""
         begun = []
         for due, _, _, token in runs:
             run = RunContext(due.job.name, due.fire, self.replica_id, token, threading.Event())
@@ -502,7 +519,14 @@ class Scheduler(Service):
             self._emit(EventKind.STARTED, due.job, due.fire, delay=started - due.fire.timestamp())
             begun.append((run, begin(due.job, run), started))
         for (due, lease, lost, _), (run, body, started) in zip(runs, begun, strict=True):
-            self._spawn(self._execute(due, lease, lost, run, body, started))
+            keepalive = (
+                None
+                if lease is None
+                else keep_alive(self._locker, lease, self.lease_ttl, self.clock)
+            )
+            watched = Run(self, due.job, due.fire, due.state, lease, lost, run, body, started)
+            self._active.add(watched)
+            watched.start(keepalive)
 
     def _skip_held(self, due: _Due, reason: str) -> None:
         due.state.settle()
@@ -517,44 +541,56 @@ class Scheduler(Service):
         self._runs.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("scheduler bug in a run", exc_info=task.exception())
+        self._check_quiet()
 
-    async def _execute(
+    # --- what a Run asks of its scheduler (multilock._runs.Host) -------------------------
+
+    def _emit_outcome(
         self,
-        due: _Due,
-        lease: AsyncLease | None,
-        lost: LostSignal | None,
-        run: RunContext,
-        body: asyncio.Future[Any],
-        started: float,
+        kind: EventKind,
+        job: Job,
+        fire: datetime,
+        duration: float,
+        error: BaseException | None,
+        reason: str | None,
     ) -> None:
-        """One tick's run, its body started: supervise it, emit its outcome, hold the
-        lease, release it.
+        self._emit(kind, job, fire, duration=duration, error=error, reason=reason)
 
-        ``lost`` is the signal whose firing cancels the run: the job's lease, or
-        the leader lease in leader mode.
-        """
-        job, fire = due.job, due.fire
-        keepalive = (
-            None if lease is None else keep_alive(self._locker, lease, self.lease_ttl, self.clock)
-        )
-        handed_over = False
+    def _hold_until(self, job: Job, fire: datetime) -> float:
+        """``fire + hold_span``, never past the next fire time: a replica firing this
+        tick late finds it held; the next tick is this replica's to take over."""
+        until = fire + timedelta(seconds=hold_span(job, self.skew_tolerance))
+        following = job.next_fire(fire)
+        if following is not None:
+            until = min(until, following)
+        return until.timestamp()
+
+    def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
+        """Release ``lease`` in the one task that releases whatever is due, then ``then()``:
+        the holds of a tick's jobs end together, and a task each would cost more."""
+        self._releasing.append((lease, then))
+        if not self._flushing:
+            self._flushing = True
+            self._spawn(self._flush_releases())
+
+    async def _flush_releases(self) -> None:
         try:
-            try:
-                kind, error, reason = await supervise(job, run, body, started, self.clock, lost)
-            finally:
-                due.state.running = False
-                due.state.notify()
-            duration = self.clock.now() - started
-            self._emit(kind, job, fire, duration=duration, error=error, reason=reason)
-            if lease is not None and kind is not EventKind.LEASE_LOST:
-                handed_over = await self._hold(due, lease)
-        finally:
-            if keepalive is not None:
-                keepalive.cancel()
-            if not handed_over:
-                if lease is not None:
+            while self._releasing:
+                batch, self._releasing = self._releasing, []
+                for lease, then in batch:
                     await self._release(lease)
-                due.state.settle()
+                    then()
+        finally:
+            self._flushing = False
+
+    def _run_finished(self, run: Run) -> None:
+        self._active.discard(run)
+        self._check_quiet()
+
+    def _check_quiet(self) -> None:
+        quiet = self._quiet
+        if quiet is not None and not quiet.done() and not self._active and not self._runs:
+            quiet.set_result(None)
 
     async def _release(self, lease: AsyncLease) -> None:
         self._held.discard(lease)
@@ -562,39 +598,6 @@ class Scheduler(Service):
             await lease.release()
         except Exception:  # the backend is gone: the lease ends with its session or ttl
             log.warning("releasing the lease on %s failed", lease.name, exc_info=True)
-
-    async def _hold(self, due: _Due, lease: AsyncLease) -> bool:
-        """Keep the lease until ``fire + hold_span`` (never past the next fire time), so
-        that a replica firing this tick late finds it held. Returns whether the next
-        tick took the lease over meanwhile (then it is no longer ours to release)."""
-        state = due.state
-        until = due.fire + timedelta(seconds=hold_span(due.job, self.skew_tolerance))
-        following = due.job.next_fire(due.fire)
-        if following is not None:
-            until = min(until, following)
-        state.holding = lease
-        state.notify()
-        wake = Wakeup()
-        ended: list[bool] = []
-
-        def end() -> None:
-            ended.append(True)
-            wake()
-
-        cancel_end = call_at(self.clock, until.timestamp(), end)
-        lease.lost.add_callback(wake.from_any_thread)
-        state.watchers.append(wake)
-        try:
-            while state.holding is lease and not ended and not lease.lost.is_set():
-                await wake.wait()
-        finally:
-            state.watchers.remove(wake)
-            lease.lost.remove_callback(wake.from_any_thread)
-            cancel_end()
-        if state.holding is lease:
-            state.holding = None
-            return False
-        return True
 
     def _emit(
         self,

@@ -341,9 +341,9 @@ def test_the_next_tick_takes_over_a_lease_still_held() -> None:
             state.running = False
             state.holding = lease  # the hold phase
             assert ready(state)
-            changed = state.changed
+            changed = state.changed()
             assert state.take_hold() is lease
-            assert changed.is_set()  # the old hold is woken, and finds the lease gone
+            assert changed.done()  # the old hold is woken, and finds the lease gone
             assert not ready(state)  # the next tick's run is under way
             assert state.take_hold() is None  # and nothing is left to take
             state.running = False

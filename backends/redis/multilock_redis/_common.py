@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,9 +18,14 @@ from ._keys import fence_key, lock_key, name_of, scan_pattern
 from ._renewal import RenewedLease, Renewer, ttl_ms
 from ._scripts import HELD_ELSEWHERE
 
-__all__ = ["RedisHooks", "RedisLockerCommon"]
+__all__ = ["CHUNK", "RedisHooks", "RedisLockerCommon"]
 
 _log = logging.getLogger("multilock.redis")
+CHUNK = 250
+"""Names per ACQUIRE_MANY call of a try_acquire_many: the calls are pipelined, so the
+server runs one while the client makes the next or takes in the last one's answer
+(1000 names in one call, then in chunks of 500, 250, 125: 10.2, 8.3, 7.5, 7.3 ms on
+loopback; 10.6, 8.8, 7.9, 7.9 ms through a proxy adding 0.25 ms each way)."""
 
 
 class RedisLockerCommon:
@@ -54,15 +60,34 @@ class RedisLockerCommon:
         self, names: list[str], ttl: float
     ) -> tuple[list[str], list[str | int], list[str]]:
         """Keys and arguments of the ACQUIRE script for ``names``, and their tokens."""
+        keys = self._keys(names)
+        tokens = _tokens(new_token(), 0, len(names))
+        return keys, [self._ttl_ms(ttl), *tokens], tokens
+
+    def _acquire_requests(
+        self, names: list[str], ttl: float, made: list[tuple[list[str], list[str]]]
+    ) -> Iterator[tuple[list[str], list[str | int]]]:
+        """ACQUIRE_MANY requests for ``names``, :data:`CHUNK` names each, made as they
+        are sent (see ``run_pipelined``); each one's keys and tokens go to ``made``."""
+        ttl_ms = self._ttl_ms(ttl)  # checked now, before anything is sent
+        batch = new_token()
+
+        def requests() -> Iterator[tuple[list[str], list[str | int]]]:
+            for start in range(0, len(names), CHUNK):
+                chunk = names[start : start + CHUNK]
+                keys, tokens = self._keys(chunk), _tokens(batch, start, len(chunk))
+                made.append((keys, tokens))
+                yield keys, [ttl_ms, *tokens]
+
+        return requests()
+
+    def _keys(self, names: list[str]) -> list[str]:
+        """The lock and fence key of each of ``names``, in turn."""
         prefix = self._config.prefix
         keys: list[str] = []
-        # One owner token per request, made unique per lease by its position, as
-        # PostgreSQL's batches do: a new_token() per name costs as much again.
-        batch = new_token()
-        tokens = [f"{batch}.{i:x}" for i in range(len(names))]
         for name in names:
             keys += (lock_key(name, prefix), fence_key(name, prefix))
-        return keys, [self._ttl_ms(ttl), *tokens], tokens
+        return keys
 
     def _ttl_ms(self, ttl: float) -> int:
         """``ttl`` in milliseconds, once checked against what renewal can keep up with."""
@@ -75,6 +100,14 @@ class RedisLockerCommon:
         if leases:
             self._held.update(leases)
             self._renewer.add(leases, start)
+
+    def _given_back(self, leases: list[Any]) -> tuple[list[str], list[str]]:
+        """Stop holding ``leases`` (granted by a call that failed after all); their keys
+        and tokens, to release."""
+        for lease in leases:
+            self._untrack(lease)
+            lease._released = True
+        return [lease.key for lease in leases], [lease.token for lease in leases]
 
     def _untrack(self, lease: Any) -> None:
         self._held.discard(lease)
@@ -149,6 +182,13 @@ class RedisLockerCommon:
                 )
             )
         return found
+
+
+def _tokens(batch: str, start: int, count: int) -> list[str]:
+    """Owner tokens of the names at ``start`` and after in a request: one new_token()
+    per request, made unique per lease by its position, as PostgreSQL's batches do
+    (a new_token() per name costs as much again)."""
+    return [f"{batch}.{i:x}" for i in range(start, start + count)]
 
 
 class RedisHooks:

@@ -20,6 +20,7 @@ from multilock.errors import BackendUnavailable
 from multilock.testing import apoll
 from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker
 from multilock_redis._async import _lua as async_lua
+from multilock_redis._common import CHUNK
 from multilock_redis._sync import _lua as sync_lua
 
 pytestmark = pytest.mark.faults
@@ -262,6 +263,19 @@ def test_noscript_after_script_flush_is_handled(throwaway_redis: Any) -> None:
         admin.close()
         lease = _held(locker.try_acquire("after-flush"))
         assert lease.release()
+
+
+def test_noscript_in_a_pipelined_batch_is_handled(throwaway_redis: Any) -> None:
+    names = [f"many-{i}" for i in range(2 * CHUNK + 1)]
+    with multilock.connect(throwaway_redis.url) as locker:
+        first = locker.try_acquire_many(names)  # the scripts are cached now
+        assert all(lease is not None and lease.release() for lease in first.values())
+        admin = throwaway_redis.admin()
+        admin.script_flush()
+        admin.close()
+        leases = locker.try_acquire_many(names)
+        assert list(leases) == names
+        assert [_held(lease).fencing_token for lease in leases.values()] == [2] * len(names)
 
 
 def test_wrong_password_is_unavailable_and_never_shown(

@@ -13,8 +13,9 @@ import redis
 
 import multilock
 from multilock.backend import LockURL
-from multilock.errors import LockLost, NotOwner
+from multilock.errors import LockLost, MultilockError, NotOwner
 from multilock_redis import AsyncRedisLease, AsyncRedisLocker, RedisLease, RedisLocker, fence_key
+from multilock_redis._common import CHUNK
 
 TTL = 0.3  # short, so that expiry and loss show within a second
 # Renewal tests need the renewal thread scheduled within 2/3 of a ttl on a loaded
@@ -89,6 +90,35 @@ def test_try_acquire_many_is_one_round_trip(locker: RedisLocker, name: str) -> N
     assert leases[names[7]] is None
     assert all(leases[n] is not None for n in names if n != names[7])
     assert held is not None
+
+
+def test_try_acquire_many_beyond_one_chunk_is_pipelined(locker: RedisLocker, name: str) -> None:
+    names = [f"{name}-{i}" for i in range(2 * CHUNK + 10)]
+    held = _held(locker.try_acquire(names[CHUNK + 3]))
+    sent = _count_round_trips(locker)
+    leases = locker.try_acquire_many(names)
+    assert sent == ["EVALSHA"] * 3  # sent back to back, then the three answers read
+    assert list(leases) == names
+    assert leases[names[CHUNK + 3]] is None
+    granted = [_held(leases[n]) for n in names if n != names[CHUNK + 3]]
+    assert len({lease.token for lease in granted} | {held.token}) == len(names)
+    assert all(lease.fencing_token == 1 for lease in granted)
+
+
+def test_a_failing_chunk_leaves_nothing_held(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    names = [f"{name}-{i}" for i in range(2 * CHUNK + 10)]
+    # INCR fails on a counter that is not a number: the second chunk's script errs.
+    admin.set(fence_key(names[CHUNK], locker.prefix), "not a number")
+    with pytest.raises(MultilockError, match="not an integer"):
+        locker.try_acquire_many(names, ttl=60)
+    assert not locker._held
+    # The first and third chunks were granted, then released.
+    assert admin.exists(*[f"{locker.prefix}{{{n}}}" for n in names[:CHUNK]]) == 0
+    assert admin.exists(*[f"{locker.prefix}{{{n}}}" for n in names[2 * CHUNK :]]) == 0
+    # The failing script set its own name's lock before it failed: it waits out its ttl.
+    admin.delete(f"{locker.prefix}{{{names[CHUNK]}}}", fence_key(names[CHUNK], locker.prefix))
 
 
 def test_try_acquire_many_of_nothing_asks_nothing(locker: RedisLocker) -> None:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
 
-from .._common import RedisLockerCommon
+from .._common import CHUNK, RedisLockerCommon
 from .._config import async_client
 from .._errors import REDIS_ERRORS, translate
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
@@ -61,33 +61,51 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
             fence = await self._link.run(ACQUIRE, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
-        return self._granted([name], keys, tokens, [fence], ttl, start)[name]
+        result: dict[str, AsyncLeaseBase | None] = {name: None}
+        self._granted(result, [name], keys, tokens, [fence], ttl, start)
+        return result[name]
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float
     ) -> dict[str, AsyncLeaseBase | None]:
         if not names:
             return {}
-        keys, args, tokens = self._acquire_request(names, ttl)
+        made: list[tuple[list[str], list[str]]] = []
+        requests = self._acquire_requests(names, ttl, made)
+        result: dict[str, AsyncLeaseBase | None] = dict.fromkeys(names)
         start = time.monotonic()
+
+        def answered(i: int, answer: bytes | str) -> None:
+            keys, tokens = made[i]
+            chunk = names[i * CHUNK : (i + 1) * CHUNK]
+            self._granted(result, chunk, keys, tokens, parse_fences(answer), ttl, start)
+
         try:
-            answer = await self._link.run(ACQUIRE_MANY, keys, args)
+            await self._link.run_pipelined(ACQUIRE_MANY, requests, answered)
         except REDIS_ERRORS as exc:
+            # A call may have been answered before another failed: nothing stays held.
+            keys, tokens = self._given_back([lease for lease in result.values() if lease])
+            try:
+                if keys:
+                    await self._link.run(RELEASE_MANY, keys, list(tokens))
+            except REDIS_ERRORS:
+                pass  # the keys expire after their ttl
             raise translate(exc, self._url, "acquiring") from None
-        return self._granted(names, keys, tokens, parse_fences(answer), ttl, start)
+        return result
 
     def _granted(
         self,
+        result: dict[str, AsyncLeaseBase | None],
         names: list[str],
         keys: list[str],
         tokens: list[str],
         fences: list[int],
         ttl: float,
         start: float,
-    ) -> dict[str, AsyncLeaseBase | None]:
-        result: dict[str, AsyncLeaseBase | None] = {}
+    ) -> None:
+        """Put in ``result`` a lease per name of ``names`` that one script call granted."""
         leases = []
-        # One script granted them all: one expiry serves the batch.
+        # One script call granted them all: one expiry serves them.
         expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
         for i, name in enumerate(names):
             if fences[i]:
@@ -96,10 +114,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
                 )
                 leases.append(lease)
                 result[name] = lease
-            else:
-                result[name] = None
         self._track(leases, start)
-        return result
 
     async def _release_lease(self, lease: AsyncRedisLease) -> bool:
         self._untrack(lease)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from multilock.backend import LeaseBase, LockerBase, LockURL
 
-from .._common import RedisLockerCommon
+from .._common import CHUNK, RedisLockerCommon
 from .._config import sync_client
 from .._errors import REDIS_ERRORS, translate
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
@@ -64,41 +64,56 @@ class RedisLocker(RedisLockerCommon, LockerBase):
             fence = self._link.run(ACQUIRE, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
-        return self._granted([name], keys, tokens, [fence], ttl, start)[name]
+        result: dict[str, LeaseBase | None] = {name: None}
+        self._granted(result, [name], keys, tokens, [fence], ttl, start)
+        return result[name]
 
     def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
         if not names:
             return {}
-        keys, args, tokens = self._acquire_request(names, ttl)
+        made: list[tuple[list[str], list[str]]] = []
+        requests = self._acquire_requests(names, ttl, made)
+        result: dict[str, LeaseBase | None] = dict.fromkeys(names)
         start = time.monotonic()
+
+        def answered(i: int, answer: bytes | str) -> None:
+            keys, tokens = made[i]
+            chunk = names[i * CHUNK : (i + 1) * CHUNK]
+            self._granted(result, chunk, keys, tokens, parse_fences(answer), ttl, start)
+
         try:
-            answer = self._link.run(ACQUIRE_MANY, keys, args)
+            self._link.run_pipelined(ACQUIRE_MANY, requests, answered)
         except REDIS_ERRORS as exc:
+            # A call may have been answered before another failed: nothing stays held.
+            keys, tokens = self._given_back([lease for lease in result.values() if lease])
+            try:
+                if keys:
+                    self._link.run(RELEASE_MANY, keys, list(tokens))
+            except REDIS_ERRORS:
+                pass  # the keys expire after their ttl
             raise translate(exc, self._url, "acquiring") from None
-        return self._granted(names, keys, tokens, parse_fences(answer), ttl, start)
+        return result
 
     def _granted(
         self,
+        result: dict[str, LeaseBase | None],
         names: list[str],
         keys: list[str],
         tokens: list[str],
         fences: list[int],
         ttl: float,
         start: float,
-    ) -> dict[str, LeaseBase | None]:
-        result: dict[str, LeaseBase | None] = {}
+    ) -> None:
+        """Put in ``result`` a lease per name of ``names`` that one script call granted."""
         leases = []
-        # One script granted them all: one expiry serves the batch.
+        # One script call granted them all: one expiry serves them.
         expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
         for i, name in enumerate(names):
             if fences[i]:
                 lease = RedisLease(self, name, keys[2 * i], tokens[i], fences[i], ttl, expires_at)
                 leases.append(lease)
                 result[name] = lease
-            else:
-                result[name] = None
         self._track(leases, start)
-        return result
 
     def _release_lease(self, lease: RedisLease) -> bool:
         self._untrack(lease)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._config import SyncClient
@@ -26,9 +26,10 @@ from .._errors import REDIS_ERRORS
 from .._scripts import Lua
 from .._wire import SyncGate, SyncSocket, pack
 
-__all__ = ["SyncLink", "run"]
+__all__ = ["Request", "SyncLink", "run"]
 
 Execute = Callable[..., Any]  # execute_command, or a link's own
+Request = tuple[list[str], list[str | int]]  # a script call's keys and arguments
 IDLE = 0.5
 """Seconds after which a link checks its connection is still open before using it."""
 
@@ -86,6 +87,65 @@ class SyncLink:
             return _evalsha(self._execute, script, keys, args)
         finally:
             self._gate.leave()
+
+    def run_pipelined(
+        self, script: Lua, requests: Iterable[Request], answered: Callable[[int, Any], None]
+    ) -> None:
+        """Run ``script`` once per request, every request sent before any answer is
+        read, and hand each answer to ``answered(i, answer)`` as it is read.
+
+        One round trip's worth of latency for them all, as for one call, but the
+        work overlaps: the server runs request k while the client makes request
+        k+1 (``requests`` is consumed as it is sent) or takes in answer k-1. An
+        error answer does not stop the others; the first is raised once every
+        answer is in (``answered`` has been given the others).
+        """
+        if self._pid != os.getpid() or not self._gate.enter():
+            for i, (keys, args) in enumerate(requests):
+                answered(i, run(self._client, script, keys, args))
+            return
+        try:
+            missing = self._pipelined(script, requests, answered)
+            if missing:  # NOSCRIPT: those did not run
+                self._execute("SCRIPT", "LOAD", script.source)
+                for i, (keys, args) in missing:
+                    answered(i, self._execute("EVALSHA", script.sha, len(keys), *keys, *args))
+        finally:
+            self._gate.leave()
+
+    def _pipelined(
+        self, script: Lua, requests: Iterable[Request], answered: Callable[[int, Any], None]
+    ) -> list[tuple[int, Request]]:
+        """:meth:`run_pipelined` on the link's connection; the requests the server
+        had no script for, to run again."""
+        connection = self._socket.connection
+        answered_at, self._answered = self._answered, None
+        sent: list[Request] = []
+        missing: list[tuple[int, Request]] = []
+        failed: ResponseError | None = None
+        try:
+            with self._socket.deadline():
+                if answered_at is not None and time.monotonic() - answered_at > IDLE:
+                    _drop_if_closed(connection)
+                for keys, args in requests:
+                    command = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+                    connection.send_packed_command([command])
+                    sent.append((keys, args))
+                for i, request in enumerate(sent):
+                    try:
+                        answer = connection.read_response()
+                    except NoScriptError:
+                        missing.append((i, request))
+                    except ResponseError as exc:  # the answers after it are still to read
+                        failed = failed or exc
+                    else:
+                        answered(i, answer)
+        except TimeoutError:
+            raise RedisTimeoutError(f"no answer within {self._socket.timeout}s") from None
+        self._answered = time.monotonic()
+        if failed is not None:
+            raise failed
+        return missing
 
     def _execute(self, *args: str | int) -> Any:
         connection = self._socket.connection

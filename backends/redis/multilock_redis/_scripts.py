@@ -62,9 +62,10 @@ ACQUIRE_MANY = Lua("""
 local out = {}
 for i = 1, #KEYS / 2 do
   if redis.call('SET', KEYS[2 * i - 1], ARGV[i + 1], 'NX', 'PX', ARGV[1]) then
-    out[i] = redis.call('INCR', KEYS[2 * i])
+    -- %d: concat would print a Lua number of 15 digits or more as 1e+14.
+    out[i] = string.format('%d', redis.call('INCR', KEYS[2 * i]))
   else
-    out[i] = 0
+    out[i] = '0'
   end
 end
 return table.concat(out, ' ')

@@ -121,6 +121,16 @@ def test_a_failing_chunk_leaves_nothing_held(
     admin.delete(f"{locker.prefix}{{{names[CHUNK]}}}", fence_key(names[CHUNK], locker.prefix))
 
 
+def test_try_acquire_many_gives_large_fencing_tokens_whole(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    # The batch answers in one string: Lua would print 10^14 and above as 1e+14.
+    admin.set(fence_key(name, locker.prefix), 123_456_789_012_345)
+    leases = locker.try_acquire_many([name, f"{name}-other"])
+    assert _held(leases[name]).fencing_token == 123_456_789_012_346
+    assert _held(leases[f"{name}-other"]).fencing_token == 1
+
+
 def test_try_acquire_many_of_nothing_asks_nothing(locker: RedisLocker) -> None:
     sent = _count_round_trips(locker)
     assert locker.try_acquire_many([]) == {}

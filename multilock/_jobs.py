@@ -173,6 +173,9 @@ def validate_schedule(job: Job, now: datetime, skew_tolerance: float) -> None:
         )
 
 
+_EVENT_GUARD = threading.Lock()
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What a running job may ask about its own run: ``multilock.current_run()``."""
@@ -182,7 +185,20 @@ class RunContext:
     replica_id: str
     fencing_token: int | None
     """The lease's fencing token (where the backend has one): hand it to the resource."""
-    cancel_event: threading.Event = field(repr=False)
+    # Made on first use: most runs never need one, and a threading.Event costs more
+    # than the rest of a run's context.
+    _event: list[threading.Event] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """Set when the run is asked to stop; a sync job may ``wait(t)`` on it."""
+        if not self._event:
+            with _EVENT_GUARD:  # the job's thread and the loop may both ask first
+                if not self._event:
+                    self._event.append(threading.Event())
+        return self._event[0]
 
     @property
     def cancelled(self) -> bool:
@@ -191,7 +207,7 @@ class RunContext:
         Sync jobs run in worker threads that cannot be interrupted: check this
         (or ``cancel_event.wait(t)``) and return early. Async jobs are cancelled.
         """
-        return self.cancel_event.is_set()
+        return bool(self._event) and self._event[0].is_set()
 
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("multilock_run")

@@ -71,6 +71,12 @@ class Host(Protocol):
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """When (by the clock) the lease of the tick ``fire`` may be released."""
 
+    def _at(
+        self, deadline: float, key: object, callback: Callable[[], object]
+    ) -> Callable[[], object]:
+        """Call ``callback()`` at ``deadline`` (a timer shared with the other runs due
+        then); returns what cancels it."""
+
     def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
         """Release ``lease`` (soon, on the loop), then call ``then()``."""
 
@@ -89,10 +95,10 @@ class Run:
     __slots__ = (
         "_cancel_timer",
         "_cut",
+        "_holding",
         "_host",
         "_keepalive",
         "_loop",
-        "_on_lost",
         "_thread",
         "body",
         "context",
@@ -125,7 +131,7 @@ class Run:
         self._cut: tuple[EventKind, str] | None = None  # why the run stopped the body
         self._cancel_timer: Callable[[], object] | None = None
         self._keepalive: asyncio.Task[None] | None = None
-        self._on_lost: Callable[[str], object] | None = None
+        self._holding = False
 
     def start(self, keepalive: asyncio.Task[None] | None) -> None:
         """Watch the body: its end, the lost signal, the job's timeout."""
@@ -135,7 +141,8 @@ class Run:
             deadline = self.started + self.job.timeout
             self._cancel_timer = call_at(self._host.clock, deadline, self._timed_out)
         if self.lost is not None:
-            self._watch_lost(self._lost_while_running)
+            # One watch for the whole run: it stops the body, or ends the hold.
+            self.lost.add_callback(self._lost_any_thread)
 
     # --- the body ---------------------------------------------------------------------
 
@@ -157,12 +164,10 @@ class Run:
             self.body.cancel()
 
     def _body_done(self, body: asyncio.Future[Any]) -> None:
-        self._unwatch_lost()
         if self._cancel_timer is not None:
             self._cancel_timer()
             self._cancel_timer = None
-        self.state.running = False
-        self.state.notify()
+        self.state.running = False  # notified below, or by the hold
         error: BaseException | None = None
         reason: str | None = None
         if self._cut is not None:
@@ -179,6 +184,7 @@ class Run:
         if self.lease is not None and kind is not EventKind.LEASE_LOST:
             self._hold(self.lease)
         else:
+            self.state.notify()
             self._release()
 
     # --- the hold ---------------------------------------------------------------------
@@ -187,16 +193,16 @@ class Run:
         """Keep the lease until the hold ends, so that a replica firing this tick late
         finds it held; the next tick of this job may take it over meanwhile."""
         if not lease.held:
+            self.state.notify()
             self._release()
             return
         state = self.state
         state.holding = lease
         state.notify()
         state.watchers.append(self._handed_over)
-        self._cancel_timer = call_at(
-            self._host.clock, self._host._hold_until(self.job, self.fire), self._hold_ended
-        )
-        self._watch_lost(self._hold_ended)
+        until = self._host._hold_until(self.job, self.fire)
+        self._cancel_timer = self._host._at(until, self, self._hold_ended)
+        self._holding = True
 
     def _handed_over(self) -> None:
         # Called on every notify of the job's state: only a take-over ends the hold.
@@ -211,12 +217,12 @@ class Run:
             self._release()
 
     def _end_hold(self) -> None:
+        self._holding = False
         if self._handed_over in self.state.watchers:
             self.state.watchers.remove(self._handed_over)
         if self._cancel_timer is not None:
             self._cancel_timer()
             self._cancel_timer = None
-        self._unwatch_lost()
 
     # --- the end ----------------------------------------------------------------------
 
@@ -227,6 +233,7 @@ class Run:
             self._host._release_later(self.lease, lambda: self._finish(settle=True))
 
     def _finish(self, *, settle: bool) -> None:
+        self._unwatch_lost()
         if self._keepalive is not None:
             self._keepalive.cancel()
         if settle:
@@ -245,6 +252,7 @@ class Run:
         if self.state.holding is self.lease:
             self.state.holding = None
         self._end_hold()
+        self._unwatch_lost()
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.state.running = False
@@ -252,23 +260,21 @@ class Run:
 
     # --- the lost signal, from any thread -----------------------------------------------
 
-    def _watch_lost(self, then: Callable[[], None]) -> None:
-        if self.lost is None:
-            return
+    def _lost_any_thread(self, _: str) -> None:
+        if threading.get_ident() == self._thread:
+            self._lost()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._lost)
 
-        def on_lost(_: str) -> None:
-            if threading.get_ident() == self._thread:
-                then()
-            elif not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(then)
-
-        self._on_lost = on_lost
-        self.lost.add_callback(on_lost)
+    def _lost(self) -> None:
+        if not self.body.done():
+            self._lost_while_running()
+        elif self._holding:
+            self._hold_ended()
 
     def _unwatch_lost(self) -> None:
-        if self._on_lost is not None and self.lost is not None:
-            self.lost.remove_callback(self._on_lost)
-        self._on_lost = None
+        if self.lost is not None:
+            self.lost.remove_callback(self._lost_any_thread)
 
 
 async def wait_quietly(work: Awaitable[Any]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock, SharedTimers, SystemClock
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log, wanted
 from ._file import default_directory
@@ -54,6 +54,7 @@ class _JobState:
     running: bool = False  # a body runs: what ``overlap`` is about
     busy: bool = False  # a run is not over: its body, lease hold or release
     holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
+    successor: tuple[datetime, datetime | None] | None = None  # a fire, the next: saves a call
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # see changed()
     watchers: list[Callable[[], object]] = field(default_factory=list)  # called on notify
 
@@ -189,6 +190,7 @@ class Scheduler(Service):
         self._releasing: list[tuple[AsyncLease, Callable[[], object]]] = []
         self._flushing = False
         self._quiet: asyncio.Future[None] | None = None  # stop() waits on it
+        self._timers: SharedTimers | None = None  # made on the loop, for its clock
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
         self._stopping = False
@@ -313,6 +315,7 @@ class Scheduler(Service):
         for run in list(self._active):
             run.abort()  # its lease is still in _held: released below
         self._active.clear()
+        self._timers = None  # its pending timers die with this loop
         for task in list(self._runs):
             task.cancel()
         for task in list(self._runs):
@@ -446,6 +449,7 @@ class Scheduler(Service):
                 state.next_fire = state.job.next_fire(datetime.fromtimestamp(now, UTC))
                 break
             state.next_fire = state.job.next_fire(state.next_fire)
+            state.successor = (fires[-1], state.next_fire)
         return fires
 
     async def _after_previous(self, due: _Due) -> None:
@@ -514,7 +518,7 @@ class Scheduler(Service):
         many jobs due at one instant does not wait for every other job's."""
         begun = []
         for due, _, _, token in runs:
-            run = RunContext(due.job.name, due.fire, self.replica_id, token, threading.Event())
+            run = RunContext(due.job.name, due.fire, self.replica_id, token)
             started = self.clock.now()
             self._emit(EventKind.STARTED, due.job, due.fire, delay=started - due.fire.timestamp())
             begun.append((run, begin(due.job, run), started))
@@ -560,10 +564,21 @@ class Scheduler(Service):
         """``fire + hold_span``, never past the next fire time: a replica firing this
         tick late finds it held; the next tick is this replica's to take over."""
         until = fire + timedelta(seconds=hold_span(job, self.skew_tolerance))
-        following = job.next_fire(fire)
+        state = self._states.get(job.name)
+        if state is not None and state.successor is not None and state.successor[0] == fire:
+            following = state.successor[1]
+        else:
+            following = job.next_fire(fire)
         if following is not None:
             until = min(until, following)
         return until.timestamp()
+
+    def _at(
+        self, deadline: float, key: object, callback: Callable[[], object]
+    ) -> Callable[[], object]:
+        if self._timers is None:
+            self._timers = SharedTimers(self.clock)
+        return self._timers.call_at(deadline, key, callback)
 
     def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
         """Release ``lease`` in the one task that releases whatever is due, then ``then()``:

@@ -11,6 +11,8 @@ import asyncio
 import os
 import re
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
@@ -20,10 +22,13 @@ from multilock.backend import (
     LeaseBase,
     LockerBase,
     LockURL,
+    Outcome,
     finish_shielded,
     new_token,
 )
 from multilock.errors import BackendUnavailable, InvalidLockName, LockLost, MultilockError
+
+T = TypeVar("T")
 
 
 class _Table:
@@ -397,3 +402,99 @@ def test_tokens_differ_after_fork() -> None:
     assert child
     assert not child.startswith(parent_prefix)
     assert int(child.split("-", 1)[0], 16) == pid
+
+
+# --- operations already in flight (Outcome) ------------------------------------------
+
+
+class InFlightLease(SlowLease):
+    """Releases through the Outcome hook: the 'server' answers once the gate opens."""
+
+    __slots__ = ()
+
+    def _start_release(self) -> Outcome[bool]:
+        locker: InFlightLocker = self._locker  # type: ignore[attr-defined]
+        return locker.answer_later(lambda: locker.drop(self))
+
+
+class InFlightLocker(SlowLocker):
+    """A locker whose client has the request in flight once called, as kazoo does: the
+    ``_start_*`` hooks return an :class:`Outcome` settled when the gate opens."""
+
+    def answer_later(self, answer: Callable[[], T]) -> Outcome[T]:
+        outcome: Outcome[T] = Outcome(loop=asyncio.get_running_loop())
+        self.entered.set()
+
+        async def settle() -> None:
+            await self.gate.wait()
+            outcome.set_result(answer())
+
+        self.settling.add(asyncio.ensure_future(settle()))
+        return outcome
+
+    def grant(self, name: str, ttl: float) -> AsyncLeaseBase | None:
+        self.table.calls.append(f"acquire {name}")
+        if name in self.table.holders:
+            return None
+        lease = InFlightLease(name, name, new_token(), None, ttl)
+        lease._locker = self  # type: ignore[attr-defined]
+        self.table.holders[name] = lease.token
+        return lease
+
+    def drop(self, lease: AsyncLeaseBase) -> bool:
+        self.table.calls.append(f"release {lease.name}")
+        return self.table.holders.pop(lease.name, None) == lease.token
+
+    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None]:
+        return self.answer_later(lambda: self.grant(name, ttl))
+
+    def __init__(self, table: _Table) -> None:
+        super().__init__(table)
+        self.settling: set[asyncio.Future[None]] = set()
+
+
+def test_an_outcome_cannot_be_cancelled() -> None:
+    async def scenario() -> None:
+        outcome: Outcome[int] = Outcome(loop=asyncio.get_running_loop())
+        assert outcome.cancel() is False
+        assert not outcome.cancelled()
+
+    asyncio.run(scenario())
+
+
+def test_cancel_during_an_acquire_in_flight_releases_the_late_grant(table: _Table) -> None:
+    async def scenario() -> None:
+        locker = InFlightLocker(table)
+        locker.gate.clear()
+        task = asyncio.create_task(locker.try_acquire("job"))
+        await asyncio.wait_for(locker.entered.wait(), 5)
+        task.cancel()
+        await asyncio.sleep(0.01)
+        assert not task.done(), "the acquire must wait for the server's answer"
+        locker.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert table.calls == ["acquire job", "release job"]
+        assert table.holders == {}
+
+    asyncio.run(scenario())
+
+
+def test_release_in_flight_finishes_when_the_caller_is_cancelled(table: _Table) -> None:
+    async def scenario() -> None:
+        locker = InFlightLocker(table)
+        lease = await locker.try_acquire("job")
+        assert lease is not None
+        locker.gate.clear()
+        task = asyncio.create_task(lease.release())
+        await asyncio.wait_for(locker.entered.wait(), 5)
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.sleep(0.01)
+        assert not task.done(), "the release must wait for the server's answer"
+        locker.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert table.holders == {}
+
+    asyncio.run(scenario())

@@ -203,6 +203,9 @@ def _cycle_lines(tables: list[Table]) -> list[str]:
         "Microseconds per cycle; `raw` is the client library by hand, the floor is one",
         "server round trip (`SELECT 1`, `PING`, `exists`). Each script's docstring",
         "(`benchmarks/<backend>_cycle.py`) says exactly what each variant does.",
+        "Each backend's benchmark runs three times in a full run (one run's ratio to",
+        "raw swings by about ±0.05 here); each table is the run whose ratio is the",
+        "median of the three, and `benchmarks/run.py` prints all three.",
         "",
         "![cycle medians](img/bench-cycle.png)",
     ]

@@ -52,7 +52,7 @@ import multilock
 from multilock.backend import LockURL
 from multilock_zookeeper._config import Config
 
-QUICK, FULL = (2, 50), (10, 200)  # (rounds, cycles per round)
+QUICK, FULL = (2, 50), (40, 50)  # (rounds, cycles per round): short rounds interleave better
 FLOOR = "exists"
 PEERS = ("kazoo Lock", "tooz")
 

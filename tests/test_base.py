@@ -47,11 +47,7 @@ class SlowLease(AsyncLeaseBase):
     async def _release(self) -> bool:
         locker: SlowLocker = self._locker  # type: ignore[attr-defined]
         await locker.gate.wait()
-        locker.table.calls.append(f"release {self.name}")
-        if locker.table.holders.get(self.name) != self.token:
-            return False
-        del locker.table.holders[self.name]
-        return True
+        return locker.drop(self)
 
     async def _extend(self, ttl: float | None) -> float | None:
         return ttl
@@ -70,18 +66,32 @@ class SlowLocker(AsyncLockerBase):
         self.fail_acquire = fail_acquire
         self.entered = asyncio.Event()
 
+    lease_class: type[SlowLease] = SlowLease
+
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         self.entered.set()
         await self.gate.wait()
+        return self.grant(name, ttl)
+
+    def grant(self, name: str, ttl: float) -> AsyncLeaseBase | None:
+        """The 'server' answering an acquire."""
         self.table.calls.append(f"acquire {name}")
         if self.fail_acquire:
             raise BackendUnavailable("connection dropped")
         if name in self.table.holders:
             return None
-        lease = SlowLease(name, name, new_token(), None, ttl)
+        lease = self.lease_class(name, name, new_token(), None, ttl)
         lease._locker = self  # type: ignore[attr-defined]
         self.table.holders[name] = lease.token
         return lease
+
+    def drop(self, lease: AsyncLeaseBase) -> bool:
+        """The 'server' answering a release."""
+        self.table.calls.append(f"release {lease.name}")
+        if self.table.holders.get(lease.name) != lease.token:
+            return False
+        del self.table.holders[lease.name]
+        return True
 
     async def _close(self) -> None:
         self.table.calls.append("close")
@@ -120,6 +130,44 @@ class SyncLocker(LockerBase):
 
     def _close(self) -> None:
         self.table.calls.append("close")
+
+
+# Operations already in flight: the same 'server' behind the core's Outcome hooks.
+
+
+class InFlightLease(SlowLease):
+    """Releases through the Outcome hook: the 'server' answers once the gate opens."""
+
+    __slots__ = ()
+
+    def _start_release(self) -> Outcome[bool]:
+        locker: InFlightLocker = self._locker  # type: ignore[attr-defined]
+        return locker.answer_later(lambda: locker.drop(self))
+
+
+class InFlightLocker(SlowLocker):
+    """A locker whose client has the request in flight once called, as kazoo does: the
+    ``_start_*`` hooks return an :class:`Outcome` settled when the gate opens."""
+
+    lease_class = InFlightLease
+
+    def __init__(self, table: _Table) -> None:
+        super().__init__(table)
+        self.settling: set[asyncio.Future[None]] = set()
+
+    def answer_later(self, answer: Callable[[], T]) -> Outcome[T]:
+        outcome: Outcome[T] = Outcome(loop=asyncio.get_running_loop())
+        self.entered.set()
+
+        async def settle() -> None:
+            await self.gate.wait()
+            outcome.set_result(answer())
+
+        self.settling.add(asyncio.ensure_future(settle()))
+        return outcome
+
+    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None]:
+        return self.answer_later(lambda: self.grant(name, ttl))
 
 
 @pytest.fixture
@@ -181,9 +229,16 @@ def test_cancelled_caller_waits_for_the_work_then_is_cancelled() -> None:
 # --- async release and cancelled acquires -------------------------------------------
 
 
-def test_async_release_finishes_when_the_caller_is_cancelled(table: _Table) -> None:
+# The task path (coroutines run in a task) and the Outcome path (already in flight).
+LOCKERS = pytest.mark.parametrize("locker_class", [SlowLocker, InFlightLocker])
+
+
+@LOCKERS
+def test_async_release_finishes_when_the_caller_is_cancelled(
+    table: _Table, locker_class: type[SlowLocker]
+) -> None:
     async def scenario() -> None:
-        locker = SlowLocker(table)
+        locker = locker_class(table)
         lease = await locker.try_acquire("job")
         assert lease is not None
         locker.gate.clear()
@@ -191,6 +246,7 @@ def test_async_release_finishes_when_the_caller_is_cancelled(table: _Table) -> N
         await asyncio.sleep(0.01)
         task.cancel()
         await asyncio.sleep(0.01)
+        assert not task.done(), "the release must wait for the server's answer"
         locker.gate.set()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -199,9 +255,12 @@ def test_async_release_finishes_when_the_caller_is_cancelled(table: _Table) -> N
     asyncio.run(scenario())
 
 
-def test_cancel_during_acquire_releases_what_the_server_granted(table: _Table) -> None:
+@LOCKERS
+def test_cancel_during_acquire_releases_what_the_server_granted(
+    table: _Table, locker_class: type[SlowLocker]
+) -> None:
     async def scenario() -> None:
-        locker = SlowLocker(table)
+        locker = locker_class(table)
         locker.gate.clear()
         task = asyncio.create_task(locker.try_acquire("job"))
         await asyncio.wait_for(locker.entered.wait(), 5)
@@ -404,97 +463,10 @@ def test_tokens_differ_after_fork() -> None:
     assert int(child.split("-", 1)[0], 16) == pid
 
 
-# --- operations already in flight (Outcome) ------------------------------------------
-
-
-class InFlightLease(SlowLease):
-    """Releases through the Outcome hook: the 'server' answers once the gate opens."""
-
-    __slots__ = ()
-
-    def _start_release(self) -> Outcome[bool]:
-        locker: InFlightLocker = self._locker  # type: ignore[attr-defined]
-        return locker.answer_later(lambda: locker.drop(self))
-
-
-class InFlightLocker(SlowLocker):
-    """A locker whose client has the request in flight once called, as kazoo does: the
-    ``_start_*`` hooks return an :class:`Outcome` settled when the gate opens."""
-
-    def answer_later(self, answer: Callable[[], T]) -> Outcome[T]:
-        outcome: Outcome[T] = Outcome(loop=asyncio.get_running_loop())
-        self.entered.set()
-
-        async def settle() -> None:
-            await self.gate.wait()
-            outcome.set_result(answer())
-
-        self.settling.add(asyncio.ensure_future(settle()))
-        return outcome
-
-    def grant(self, name: str, ttl: float) -> AsyncLeaseBase | None:
-        self.table.calls.append(f"acquire {name}")
-        if name in self.table.holders:
-            return None
-        lease = InFlightLease(name, name, new_token(), None, ttl)
-        lease._locker = self  # type: ignore[attr-defined]
-        self.table.holders[name] = lease.token
-        return lease
-
-    def drop(self, lease: AsyncLeaseBase) -> bool:
-        self.table.calls.append(f"release {lease.name}")
-        return self.table.holders.pop(lease.name, None) == lease.token
-
-    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None]:
-        return self.answer_later(lambda: self.grant(name, ttl))
-
-    def __init__(self, table: _Table) -> None:
-        super().__init__(table)
-        self.settling: set[asyncio.Future[None]] = set()
-
-
 def test_an_outcome_cannot_be_cancelled() -> None:
     async def scenario() -> None:
         outcome: Outcome[int] = Outcome(loop=asyncio.get_running_loop())
         assert outcome.cancel() is False
         assert not outcome.cancelled()
-
-    asyncio.run(scenario())
-
-
-def test_cancel_during_an_acquire_in_flight_releases_the_late_grant(table: _Table) -> None:
-    async def scenario() -> None:
-        locker = InFlightLocker(table)
-        locker.gate.clear()
-        task = asyncio.create_task(locker.try_acquire("job"))
-        await asyncio.wait_for(locker.entered.wait(), 5)
-        task.cancel()
-        await asyncio.sleep(0.01)
-        assert not task.done(), "the acquire must wait for the server's answer"
-        locker.gate.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert table.calls == ["acquire job", "release job"]
-        assert table.holders == {}
-
-    asyncio.run(scenario())
-
-
-def test_release_in_flight_finishes_when_the_caller_is_cancelled(table: _Table) -> None:
-    async def scenario() -> None:
-        locker = InFlightLocker(table)
-        lease = await locker.try_acquire("job")
-        assert lease is not None
-        locker.gate.clear()
-        task = asyncio.create_task(lease.release())
-        await asyncio.wait_for(locker.entered.wait(), 5)
-        await asyncio.sleep(0)
-        task.cancel()
-        await asyncio.sleep(0.01)
-        assert not task.done(), "the release must wait for the server's answer"
-        locker.gate.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert table.holders == {}
 
     asyncio.run(scenario())

@@ -57,16 +57,18 @@ class Host(Protocol):
 
     clock: Clock
 
-    def _emit_outcome(
+    def _emit(
         self,
         kind: EventKind,
         job: Job,
         fire: datetime,
-        duration: float,
-        error: BaseException | None,
-        reason: str | None,
+        *,
+        duration: float | None = None,
+        delay: float | None = None,
+        error: BaseException | None = None,
+        reason: str | None = None,
     ) -> None:
-        """Report how the body ended."""
+        """Report an event of the run (here: how the body ended)."""
 
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """When (by the clock) the lease of the tick ``fire`` may be released."""
@@ -180,7 +182,7 @@ class Run:
             error = body.exception()
             kind = EventKind.SUCCEEDED if error is None else EventKind.FAILED
         duration = self._host.clock.now() - self.started
-        self._host._emit_outcome(kind, self.job, self.fire, duration, error, reason)
+        self._host._emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
         if self.lease is not None and kind is not EventKind.LEASE_LOST:
             self._hold(self.lease)
         else:
@@ -252,11 +254,7 @@ class Run:
         if self.state.holding is self.lease:
             self.state.holding = None
         self._end_hold()
-        self._unwatch_lost()
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-        self.state.running = False
-        self.state.settle()
+        self._finish(settle=True)
 
     # --- the lost signal, from any thread -----------------------------------------------
 

@@ -314,7 +314,6 @@ class Scheduler(Service):
             self._quiet = None
         for run in list(self._active):
             run.abort()  # its lease is still in _held: released below
-        self._active.clear()
         self._timers = None  # its pending timers die with this loop
         for task in list(self._runs):
             task.cancel()
@@ -548,17 +547,6 @@ class Scheduler(Service):
         self._check_quiet()
 
     # --- what a Run asks of its scheduler (multilock._runs.Host) -------------------------
-
-    def _emit_outcome(
-        self,
-        kind: EventKind,
-        job: Job,
-        fire: datetime,
-        duration: float,
-        error: BaseException | None,
-        reason: str | None,
-    ) -> None:
-        self._emit(kind, job, fire, duration=duration, error=error, reason=reason)
 
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """``fire + hold_span``, never past the next fire time: a replica firing this

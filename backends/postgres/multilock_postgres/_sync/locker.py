@@ -229,15 +229,17 @@ class PostgresLocker(LockerBase):
         trip (on another thread, for the sync locker), so this only shuts the socket
         down -- the stuck call then fails and drops the session -- and reports the
         leases lost."""
+        timeout = self._settings.health_timeout
+        reason = f"the PostgreSQL session did not answer within {timeout:g} s"
+        # Recorded before the cut: the stuck call wakes as soon as the socket is shut
+        # and must see why, or it would reconnect through the same hung path.
+        self._severed = reason
         conn = self._conn
         try:
             if conn is not None and not conn.closed:
                 shut_down(conn.pgconn.socket)
         except psycopg.Error:
             pass  # closed meanwhile: nothing left to cut
-        timeout = self._settings.health_timeout
-        reason = f"the PostgreSQL session did not answer within {timeout:g} s"
-        self._severed = reason
         _fire([(lease, reason) for lease in list(self._held.values())])
 
     # -- the session --------------------------------------------------------------------
@@ -277,7 +279,11 @@ class PostgresLocker(LockerBase):
                 severed, self._severed = self._severed, None
                 reason = severed or f"the PostgreSQL session ended: {_reason(exc)}"
                 lost += self._drop_session(reason)
-                if not retry or severed:
+                if severed:
+                    raise BackendUnavailable(
+                        f"PostgreSQL at {self.url}: {doing}: {severed}"
+                    ) from None
+                if not retry:
                     raise driver_error(self._settings.url, exc, doing) from None
                 retry = False
 

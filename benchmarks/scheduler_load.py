@@ -7,13 +7,17 @@
 Each configuration runs in a fresh child process (so peak RSS and CPU are its
 own), one after the other in the same run: multilock on memory:// (and on
 PostgreSQL at 1,000 jobs when a server answers), and APScheduler 3.x's
-AsyncIOScheduler with the same async job, and the floor: bare asyncio, which on
-each whole second creates one task per job and does nothing else (no trigger, no
-lock, no bookkeeping): no scheduler on this event loop can start the last of N
-bodies sooner. A job records how late it started
-against its scheduled fire time: multilock reports the exact fire time
-(``current_run().fire_time``); APScheduler's jobs fire on whole seconds (the
-start date is aligned), so its lateness is the time past the second.
+AsyncIOScheduler with the same async job, and the floor: bare asyncio, which
+creates one task per job when it is due and does nothing else (no trigger, no
+lock, no bookkeeping): no scheduler on this event loop can start a body sooner.
+
+Two phasings of the same N jobs, each measured: ``aligned``, every job due on the
+whole second (lateness then measures throughput: the last job of a tick starts
+after the other N - 1), and ``spread``, job i due at i/N past each second, as jobs
+given their own start (or a jitter) are (lateness then measures how promptly the
+scheduler wakes for each job). A job records how late it started against its
+fire time: multilock reports it exactly (``current_run().fire_time``); the others'
+jobs know their phase, and their lateness is the time past it.
 Reported: lateness p50/p99/max, CPU seconds per wall second, peak RSS.
 """
 
@@ -35,6 +39,7 @@ from _cycle import reachable, server_url
 
 WARMUP = 2.0
 SIZES = (100, 1_000, 10_000)
+PHASINGS = ("aligned", "spread")
 QUICK_SIZES = (100,)
 PG_JOBS = 1_000
 
@@ -72,6 +77,17 @@ def _peak_rss_mb(usage: resource.struct_rusage) -> float:
     return usage.ru_maxrss / 1024
 
 
+def _phase(index: int, jobs: int, phasing: str) -> float:
+    """Seconds past each whole second at which job ``index`` of ``jobs`` is due."""
+    return index / jobs if phasing == "spread" else 0.0
+
+
+def _late(now: float, phase: float) -> float:
+    """How long after its last due time (``phase`` past a whole second) ``now`` is;
+    slightly early reads as slightly negative."""
+    return (now - phase + 0.5) % 1.0 - 0.5
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -94,10 +110,11 @@ class _Recorder:
         return _measure(self.lateness, started, cpu0)
 
 
-async def _child_multilock(jobs: int, seconds: float, lock: str) -> dict[str, float]:
+async def _child_multilock(jobs: int, seconds: float, lock: str, phasing: str) -> dict[str, float]:
     import multilock
 
     recorder = _Recorder()
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
 
     async def job() -> None:
         if recorder.on:
@@ -106,26 +123,29 @@ async def _child_multilock(jobs: int, seconds: float, lock: str) -> dict[str, fl
 
     scheduler = multilock.Scheduler(lock, metrics=False)  # grace: the default 0.25 s
     for index in range(jobs):
-        scheduler.add_job(job, multilock.every(seconds=1), name=f"bench-{os.getpid()}-{index}")
+        start = epoch + timedelta(seconds=_phase(index, jobs, phasing))
+        trigger = multilock.every(seconds=1, start=start)
+        scheduler.add_job(job, trigger, name=f"bench-{os.getpid()}-{index}")
     async with scheduler:
         return await recorder.measure(seconds)
 
 
-async def _child_apscheduler(jobs: int, seconds: float) -> dict[str, float]:
+async def _child_apscheduler(jobs: int, seconds: float, phasing: str) -> dict[str, float]:
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
     recorder = _Recorder()
 
-    async def job() -> None:
+    async def job(phase: float) -> None:
         if recorder.on:
-            now = time.time()
-            recorder.lateness.append(now - math.floor(now))
+            recorder.lateness.append(_late(time.time(), phase))
 
     scheduler = AsyncIOScheduler(timezone="UTC")
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
     for index in range(jobs):
+        phase = _phase(index, jobs, phasing)
         scheduler.add_job(
-            job, "interval", seconds=1, start_date=start, id=f"bench-{index}",
+            job, "interval", seconds=1, start_date=start + timedelta(seconds=phase),
+            args=(phase,), id=f"bench-{index}",
             misfire_grace_time=1, coalesce=True, max_instances=1,
         )  # fmt: skip
     scheduler.start()
@@ -135,31 +155,38 @@ async def _child_apscheduler(jobs: int, seconds: float) -> dict[str, float]:
         scheduler.shutdown(wait=False)
 
 
-async def _child_floor(jobs: int, seconds: float) -> dict[str, float]:
+async def _child_floor(jobs: int, seconds: float, phasing: str) -> dict[str, float]:
     recorder = _Recorder()
     loop = asyncio.get_running_loop()
 
-    async def job() -> None:
+    async def job(phase: float) -> None:
         if recorder.on:
-            now = time.time()
-            recorder.lateness.append(now - math.floor(now))
+            recorder.lateness.append(_late(time.time(), phase))
 
     running: set[asyncio.Task[None]] = set()  # a reference each, as asyncio asks
+    phases = sorted({_phase(index, jobs, phasing) for index in range(jobs)})
+    per_phase = jobs // len(phases)
 
-    def fire() -> None:
-        for _ in range(jobs):
-            task = loop.create_task(job())
+    def arm(phase: float) -> None:
+        now = time.time()
+        due = math.floor(now - phase) + 1 + phase
+        loop.call_later(due - now, fire, phase)
+
+    def fire(phase: float) -> None:
+        for _ in range(per_phase):
+            task = loop.create_task(job(phase))
             running.add(task)
             task.add_done_callback(running.discard)
-        loop.call_later(math.floor(time.time()) + 1 - time.time(), fire)
+        arm(phase)
 
-    loop.call_later(math.floor(time.time()) + 1 - time.time(), fire)
+    for phase in phases:
+        arm(phase)
     return await recorder.measure(seconds)
 
 
-def _run_child(lib: str, jobs: int, seconds: float, lock: str) -> dict[str, Any]:
+def _run_child(lib: str, jobs: int, seconds: float, lock: str, phasing: str) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", lib, "--jobs", str(jobs)]
-    command += ["--seconds", str(seconds), "--lock", lock]
+    command += ["--seconds", str(seconds), "--lock", lock, "--phasing", phasing]
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -170,30 +197,33 @@ def _run_child(lib: str, jobs: int, seconds: float, lock: str) -> dict[str, Any]
 def measure(
     sizes: tuple[int, ...], seconds: float, *, postgres: bool, pg_jobs: int | None = None
 ) -> list[dict[str, Any]]:
-    """Each size on memory:// and under APScheduler (and ``pg_jobs``, default 1,000, on
-    PostgreSQL when ``postgres`` and a server answers), one child process after the
-    other; a row each."""
-    plan: list[tuple[str, int, str]] = []
-    for jobs in sizes:
-        plan += [("multilock", jobs, "memory://"), ("apscheduler", jobs, "-")]
-        plan += [("asyncio-floor", jobs, "-")]
+    """Each size and phasing on memory:// and under APScheduler and the floor (and
+    ``pg_jobs``, default 1,000, on PostgreSQL when ``postgres`` and a server
+    answers), one child process after the other; a row each."""
+    plan: list[tuple[str, int, str, str]] = []
     pg = server_url("postgresql")
-    if postgres and reachable(pg):
-        plan.append(("multilock", pg_jobs or PG_JOBS, pg))
+    on_pg = postgres and reachable(pg)
+    for phasing in PHASINGS:
+        for jobs in sizes:
+            plan += [("multilock", jobs, "memory://", phasing)]
+            plan += [("apscheduler", jobs, "-", phasing), ("asyncio-floor", jobs, "-", phasing)]
+        if on_pg:
+            plan.append(("multilock", pg_jobs or PG_JOBS, pg, phasing))
     rows = []
-    header = f"{'library':<13} {'backend':<11} {'jobs':>6} {'runs':>7} {'p50 ms':>8}"
-    header += f" {'p99 ms':>8} {'max ms':>8} {'cpu/wall':>9} {'rss MB':>7}"
+    header = f"{'library':<13} {'backend':<11} {'phasing':<8} {'jobs':>6} {'runs':>7}"
+    header += f" {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu/wall':>9} {'rss MB':>7}"
     print(header)
-    for lib, jobs, lock in plan:
-        result = _run_child(lib, jobs, seconds, lock)
+    for lib, jobs, lock, phasing in plan:
+        result = _run_child(lib, jobs, seconds, lock, phasing)
         backend = lock.split("://")[0] if lib == "multilock" else "-"
-        row = {"library": lib, "backend": backend, "jobs": jobs, **result}
+        row = {"library": lib, "backend": backend, "phasing": phasing, "jobs": jobs, **result}
         rows.append(row)
+        what = f"{lib:<13} {backend:<11} {phasing:<8} {jobs:>6}"
         if "error" in result:
-            print(f"{lib:<13} {backend:<11} {jobs:>6} error: {result['error']}")
+            print(f"{what} error: {result['error']}")
             continue
         print(
-            f"{lib:<13} {backend:<11} {jobs:>6} {result['runs']:>7} {result['p50_ms']:>8.2f}"
+            f"{what} {result['runs']:>7} {result['p50_ms']:>8.2f}"
             f" {result['p99_ms']:>8.2f} {result['max_ms']:>8.2f}"
             f" {result['cpu_per_wall']:>9.3f} {result['peak_rss_mb']:>7.1f}",
             flush=True,
@@ -212,16 +242,17 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--lock", default="memory://", help=argparse.SUPPRESS)
+    parser.add_argument("--phasing", choices=PHASINGS, default="aligned", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
         seconds = args.seconds or 20.0
         if args.child == "multilock":
-            result = asyncio.run(_child_multilock(args.jobs, seconds, args.lock))
+            result = asyncio.run(_child_multilock(args.jobs, seconds, args.lock, args.phasing))
         elif args.child == "apscheduler":
-            result = asyncio.run(_child_apscheduler(args.jobs, seconds))
+            result = asyncio.run(_child_apscheduler(args.jobs, seconds, args.phasing))
         else:
-            result = asyncio.run(_child_floor(args.jobs, seconds))
+            result = asyncio.run(_child_floor(args.jobs, seconds, args.phasing))
         print(json.dumps(result))
         return 0
 

@@ -40,6 +40,7 @@ __all__ = [
     "Outcome",
     "finish_shielded",
     "new_token",
+    "undo_on_cancel",
 ]
 
 T = TypeVar("T")
@@ -176,6 +177,19 @@ class AsyncLeaseBase(_LeaseState):
             await _settled(started)
             started.result()  # the release's own error wins, as in finish_shielded
             raise
+
+    def _release_started(self) -> Outcome[bool] | None:
+        """:meth:`release` for a caller that cannot await (the scheduler ending a lease
+        hold from a timer): the release starts now and its :class:`Outcome` is returned.
+        ``None``, with nothing done, when the backend has no ``_start_release``: await
+        :meth:`release` then."""
+        if self._released:
+            return None  # release() answers False at once
+        self._released = True
+        started = self._start_release()
+        if started is None:
+            self._released = False  # nothing was sent: release() still has to
+        return started
 
     async def extend(self, ttl: Duration | None = None) -> None:
         """Push the expiry ``ttl`` (default: the acquire ttl) into the future."""
@@ -363,14 +377,25 @@ class AsyncLockerBase(_LockerCommon):
         checked, seconds = self._check(name), self._ttl(ttl)
         started = self._start_try_acquire(checked, seconds)
         work = self._try_acquire(checked, seconds) if started is None else started
-        return await _undo_on_cancel(work, _one_lease)
+        return await undo_on_cancel(work, _one_lease)
 
     async def try_acquire_many(
         self, names: Iterable[str], *, ttl: Duration | None = None
     ) -> dict[str, AsyncLeaseBase | None]:
         """A lease or ``None`` per name, in order; cancellation or error leaves nothing held."""
-        work = self._try_acquire_many(self._names(names), self._ttl(ttl))
-        return await _undo_on_cancel(work, lambda leases: list(leases.values()))
+        checked, seconds = self._names(names), self._ttl(ttl)
+        started = self._start_try_acquire_many(checked, seconds)
+        work = self._try_acquire_many(checked, seconds) if started is None else started
+        return await undo_on_cancel(work, lambda leases: list(leases.values()))
+
+    def _try_acquire_many_started(
+        self, names: Iterable[str], ttl: float
+    ) -> Outcome[dict[str, AsyncLeaseBase | None]] | None:
+        """:meth:`try_acquire_many` for a caller that cannot await (the scheduler, from
+        its loop timer): the acquire started now, or ``None``, with nothing done, when
+        the backend cannot start it at once. Whoever drops the outcome unread must
+        still release what it grants (:func:`undo_on_cancel` does)."""
+        return self._start_try_acquire_many(self._names(names), self._ttl(ttl))
 
     async def aclose(self) -> None:
         """Release every lease still held and close the connection. Idempotent."""
@@ -388,6 +413,33 @@ class AsyncLockerBase(_LockerCommon):
         A lease granted to a caller cancelled meanwhile is released by the base.
         """
         return None
+
+    def _start_try_acquire_many(
+        self, names: list[str], ttl: float
+    ) -> Outcome[dict[str, AsyncLeaseBase | None]] | None:
+        """Optional: :meth:`_start_try_acquire` for many names at once. By default, one
+        name goes through ``_start_try_acquire`` (the scheduler asks for the one job
+        due, most often); ``None``: use ``_try_acquire_many()`` (in a task)."""
+        if len(names) != 1:
+            return None
+        (name,) = names
+        one = self._start_try_acquire(name, ttl)
+        if one is None:
+            return None
+        many: Outcome[dict[str, AsyncLeaseBase | None]] = Outcome(loop=one.get_loop())
+
+        def settle(done: asyncio.Future[AsyncLeaseBase | None]) -> None:
+            error = done.exception()
+            if error is not None:
+                many.set_exception(error)
+            else:
+                many.set_result({name: done.result()})
+
+        if one.done():
+            settle(one)  # no loop turn for an answer already there
+        else:
+            one.add_done_callback(settle)
+        return many
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float
@@ -422,7 +474,7 @@ def _one_lease(lease: AsyncLeaseBase | None) -> list[AsyncLeaseBase | None]:
     return [lease]
 
 
-async def _undo_on_cancel(
+async def undo_on_cancel(
     work: Coroutine[Any, Any, R] | Outcome[R], leases_of: Callable[[R], list[Any]]
 ) -> R:
     """Await an acquire (a coroutine, run in a task, or an outcome already in flight); if

@@ -8,7 +8,7 @@ import logging
 from ._clock import Clock
 from .abc import AsyncDistributedLock, AsyncLease, Capability
 
-__all__ = ["Leadership", "keep_alive"]
+__all__ = ["Leadership", "keep_alive", "needs_keep_alive"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -18,10 +18,16 @@ def keep_alive(
 ) -> asyncio.Task[None] | None:
     """Extend ``lease`` every ``ttl / 3`` while held, if the backend has TTL leases it
     does not renew itself; ``None`` (nothing to do) otherwise. Cancel the task to stop."""
-    caps: frozenset[Capability] = getattr(locker, "capabilities", frozenset())
-    if Capability.TTL not in caps or Capability.RENEWAL in caps:
-        return None  # session-bound, or the backend renews by itself
+    if not needs_keep_alive(locker):
+        return None
     return asyncio.ensure_future(_extend_periodically(lease, ttl, clock))
+
+
+def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
+    """Whether ``locker``'s leases expire unless extended: TTL leases the backend does
+    not renew itself (session-bound leases and self-renewing backends need nothing)."""
+    caps: frozenset[Capability] = getattr(locker, "capabilities", frozenset())
+    return Capability.TTL in caps and Capability.RENEWAL not in caps
 
 
 async def _extend_periodically(lease: AsyncLease, ttl: float, clock: Clock) -> None:

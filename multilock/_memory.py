@@ -187,11 +187,11 @@ class AsyncMemoryLocker(_MemoryCommon, AsyncLockerBase):
         lease: AsyncLeaseBase | None = self._take(name, AsyncMemoryLease)
         return _settled(lease)
 
-    async def _try_acquire_many(
+    def _start_try_acquire_many(
         self, names: list[str], ttl: float
-    ) -> dict[str, AsyncLeaseBase | None]:
-        # All in one go: nothing to await between names (the base awaits each).
-        return {name: self._take(name, AsyncMemoryLease) for name in names}
+    ) -> Outcome[dict[str, AsyncLeaseBase | None]]:
+        # All in one go, settled at once: no task, nothing to await between names.
+        return _settled({name: self._take(name, AsyncMemoryLease) for name in names})
 
     async def _close(self) -> None:
         self._drop_all()

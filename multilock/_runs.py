@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
@@ -100,8 +99,6 @@ class Run:
         "_holding",
         "_host",
         "_keepalive",
-        "_loop",
-        "_thread",
         "body",
         "context",
         "fire",
@@ -128,8 +125,6 @@ class Run:
         self.job, self.fire, self.state = job, fire, state
         self.lease, self.lost = lease, lost
         self.context, self.body, self.started = context, body, started
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
         self._cut: tuple[EventKind, str] | None = None  # why the run stopped the body
         self._cancel_timer: Callable[[], object] | None = None
         self._keepalive: asyncio.Task[None] | None = None
@@ -220,8 +215,10 @@ class Run:
 
     def _end_hold(self) -> None:
         self._holding = False
-        if self._handed_over in self.state.watchers:
+        try:
             self.state.watchers.remove(self._handed_over)
+        except ValueError:
+            pass  # not watching: the hold never began, or was handed over
         if self._cancel_timer is not None:
             self._cancel_timer()
             self._cancel_timer = None
@@ -232,7 +229,10 @@ class Run:
         if self.lease is None:
             self._finish(settle=True)
         else:
-            self._host._release_later(self.lease, lambda: self._finish(settle=True))
+            self._host._release_later(self.lease, self._finish_settled)
+
+    def _finish_settled(self) -> None:
+        self._finish(settle=True)
 
     def _finish(self, *, settle: bool) -> None:
         self._unwatch_lost()
@@ -259,10 +259,15 @@ class Run:
     # --- the lost signal, from any thread -----------------------------------------------
 
     def _lost_any_thread(self, _: str) -> None:
-        if threading.get_ident() == self._thread:
+        loop = self.body.get_loop()  # the scheduler's
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:  # another thread: a backend's, or a sync job's worker
+            on_loop = False
+        if on_loop:
             self._lost()
-        elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._lost)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._lost)
 
     def _lost(self) -> None:
         if not self.body.done():

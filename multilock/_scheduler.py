@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._clock import Clock, SharedTimers, SystemClock
+from ._base import AsyncLeaseBase, Outcome, undo_on_cancel
+from ._clock import Clock, SharedTimers, SystemClock, call_at
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log, wanted
 from ._file import default_directory
@@ -26,8 +28,9 @@ from ._jobs import (
     validate_schedule,
 )
 from ._keys import advisory_key
-from ._leases import Leadership, keep_alive
+from ._leases import Leadership, keep_alive, needs_keep_alive
 from ._metrics import metrics_listener
+from ._queue import FireQueue
 from ._registry import connect_async
 from ._runs import Run, begin, wait_quietly
 from ._service import Service
@@ -43,6 +46,7 @@ __all__ = ["Scheduler"]
 FuncT = TypeVar("FuncT", bound=Callable[..., Any])
 Coordination = Literal["lock", "leader"]
 _MAX_CATCH_UP = 1000  # ticks walked one by one after a pause; beyond, they are skipped in bulk
+_HOLD_GRID = 20  # lease holds end on 1/20 s boundaries (rounded up): see _hold_until
 
 
 @dataclass
@@ -54,7 +58,7 @@ class _JobState:
     running: bool = False  # a body runs: what ``overlap`` is about
     busy: bool = False  # a run is not over: its body, lease hold or release
     holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
-    successor: tuple[datetime, datetime | None] | None = None  # a fire, the next: saves a call
+    successor: tuple[datetime, float | None] | None = None  # a fire, the next's time: saves a call
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # see changed()
     watchers: list[Callable[[], object]] = field(default_factory=list)  # called on notify
 
@@ -192,7 +196,8 @@ class Scheduler(Service):
         self._quiet: asyncio.Future[None] | None = None  # stop() waits on it
         self._timers: SharedTimers | None = None  # made on the loop, for its clock
         self._tasks: list[asyncio.Task[None]] = []
-        self._wake: asyncio.Event | None = None
+        self._queue: FireQueue[_JobState] = FireQueue()  # the loop's: by next fire time
+        self._armed: tuple[float, Callable[[], object]] | None = None  # its timer: when, cancel
         self._stopping = False
         self._leadership = (
             Leadership(
@@ -278,11 +283,10 @@ class Scheduler(Service):
         if self._loop is not None:
             raise RuntimeError("this Scheduler is already running")
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
         self._stopping = False
+        self._queue.clear()
         for state in list(self._states.values()):
             self._install(state)
-        self._tasks.append(asyncio.create_task(self._serve(), name="multilock-scheduler"))
         if self._leadership is not None:
             leading = self._leadership.run()
             self._tasks.append(asyncio.create_task(leading, name="multilock-leader"))
@@ -301,8 +305,7 @@ class Scheduler(Service):
         if self._loop is None:
             return
         self._stopping = True
-        assert self._wake is not None
-        self._wake.set()
+        self._disarm()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -375,34 +378,58 @@ class Scheduler(Service):
         lookback = min(state.job.misfire_grace, self.skew_tolerance)
         since = self._now() - timedelta(seconds=lookback)
         state.next_fire = state.job.next_fire(since)
+        state.successor = None
+        self._enqueue(state)
         state.settle()
-        if self._wake is not None:
-            self._wake.set()
+        self._arm()
 
-    async def _serve(self) -> None:
-        assert self._wake is not None
-        while not self._stopping:
-            states = list(self._states.values())
-            upcoming = [s.next_fire for s in states if s.next_fire is not None]
-            waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._wake.wait())}
-            if upcoming:
-                deadline = min(upcoming).timestamp()
-                waits.add(asyncio.ensure_future(self.clock.sleep_until(deadline)))
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waits:
-                    waiter.cancel()
-            self._wake.clear()
+    def _enqueue(self, state: _JobState) -> None:
+        successor = state.successor
+        if state.next_fire is None:
+            self._queue.discard(state.job.name)
+        elif successor is not None and successor[1] is not None:  # the time of next_fire
+            self._queue.put(state.job.name, successor[1], state)
+        else:
+            self._queue.put(state.job.name, state.next_fire.timestamp(), state)
+
+    # The scheduler is driven by one loop timer, armed for the earliest queued job, whose
+    # callback starts what is due: no task wakes up for it, so a job costs no loop turns
+    # of the scheduler's own (with a thousand jobs spread over the second, a thousand a
+    # second). Only a lock round trip that cannot be answered at once gets a task.
+
+    def _arm(self) -> None:
+        """Arm the timer for the earliest queued job (if not armed for it already)."""
+        deadline = None if self._stopping else self._queue.earliest()
+        if self._armed is not None and self._armed[0] == deadline:
+            return
+        self._disarm()
+        if deadline is not None:
+            self._armed = (deadline, call_at(self.clock, deadline, self._on_timer))
+
+    def _disarm(self) -> None:
+        if self._armed is not None:
+            self._armed[1]()
+            self._armed = None
+
+    def _on_timer(self) -> None:
+        self._armed = None
+        try:
             if not self._stopping:
-                await self._fire_due()
+                self._fire_due()
+        except Exception:  # never leave the timer unarmed: the scheduler would stop
+            log.exception("scheduler bug while starting due jobs")
+        finally:
+            self._arm()
 
-    async def _fire_due(self) -> None:
+    def _fire_due(self) -> None:
         now = self.clock.now()
         batch: list[_Due] = []
-        for state in list(self._states.values()):
+        for state in self._queue.pop_due(now):
             job = state.job
+            if self._states.get(job.name) is not state:
+                continue  # removed since it was queued
             fires = self._pop_due(state, now)
+            self._enqueue(state)
             if not fires:
                 continue
             grace = job.misfire_grace
@@ -428,7 +455,7 @@ class Scheduler(Service):
                     state.claim()  # now: the run starts on a later loop turn
                     batch.append(due)
         if batch:
-            await self._start_batch(batch)
+            self._start_batch(batch)
 
     def _continue_hold(self, due: _Due) -> bool:
         """If this replica still holds the job's lease from the previous tick, run this
@@ -446,9 +473,10 @@ class Scheduler(Service):
             fires.append(state.next_fire)
             if len(fires) >= _MAX_CATCH_UP:
                 state.next_fire = state.job.next_fire(datetime.fromtimestamp(now, UTC))
+                state.successor = None
                 break
-            state.next_fire = state.job.next_fire(state.next_fire)
-            state.successor = (fires[-1], state.next_fire)
+            following = state.next_fire = state.job.next_fire(state.next_fire)
+            state.successor = (fires[-1], None if following is None else following.timestamp())
         return fires
 
     async def _after_previous(self, due: _Due) -> None:
@@ -463,9 +491,9 @@ class Scheduler(Service):
             return
         if not self._continue_hold(due):
             state.claim()
-            await self._start_batch([due])
+            self._start_batch([due])
 
-    async def _start_batch(self, batch: list[_Due]) -> None:
+    def _start_batch(self, batch: list[_Due]) -> None:
         """Take the locks of the distributed jobs due now (one ``try_acquire_many``), start runs."""
         # Local jobs first: they need no lock, so no round trip to wait for.
         self._launch([(due, None, None, None) for due in batch if not due.job.distributed])
@@ -481,30 +509,67 @@ class Scheduler(Service):
                 else:
                     runs.append((due, None, leader.lost, leader.fencing_token))
         elif shared:
-            runs += await self._lock_all(shared)
+            self._lock_then_launch(shared)
         self._launch(runs)
 
-    async def _lock_all(self, shared: list[_Due]) -> list[_Start]:
-        """Take the locks of ``shared`` in one round trip; the runs to start."""
+    def _lock_then_launch(self, shared: list[_Due]) -> None:
+        """Take the locks of ``shared`` in one round trip, then start their runs: at once
+        when the backend answers at once (memory://), else in a task."""
         now = self.clock.now()
         hold = max(
             due.fire.timestamp() + hold_span(due.job, self.skew_tolerance) - now for due in shared
         )
+        names, ttl = [due.job.name for due in shared], max(hold, 0.0) + self.lease_ttl
+        start = getattr(self._locker, "_try_acquire_many_started", None)
         try:
-            leases = await self._locker.try_acquire_many(
-                [due.job.name for due in shared], ttl=max(hold, 0.0) + self.lease_ttl
-            )
-        except Exception as exc:  # the backend could not be asked: these ticks fail, loop goes on
-            for due in shared:
-                due.state.settle()
-                self._emit(
-                    EventKind.FAILED, due.job, due.fire, error=exc, reason="lock unavailable"
-                )
-            return []
+            started = None if start is None else start(names, ttl)
+        except Exception as exc:
+            self._lock_failed(shared, exc)
+            return
+        if started is not None and started.done():
+            error = started.exception()
+            if error is not None:
+                self._lock_failed(shared, error)
+            else:
+                self._launch(self._granted(shared, started.result()))
+            return
+        self._spawn(self._lock_all(shared, names, ttl, started))
+
+    async def _lock_all(
+        self,
+        shared: list[_Due],
+        names: list[str],
+        ttl: float,
+        started: Outcome[dict[str, AsyncLeaseBase | None]] | None,
+    ) -> None:
+        leases: Mapping[str, AsyncLease | None]
+        try:
+            if started is None:
+                leases = await self._locker.try_acquire_many(names, ttl=ttl)
+            else:  # in flight: a cancelled wait (stop) still releases what it grants
+                granted = await undo_on_cancel(started, _leases_of)
+                leases = granted
+        except Exception as exc:
+            self._lock_failed(shared, exc)
+            return
+        self._launch(self._granted(shared, leases))
+
+    def _lock_failed(self, shared: list[_Due], exc: BaseException) -> None:
+        # The backend could not be asked: these ticks fail, the scheduler goes on.
+        for due in shared:
+            due.state.settle()
+            self._emit(EventKind.FAILED, due.job, due.fire, error=exc, reason="lock unavailable")
+
+    def _granted(self, shared: list[_Due], leases: Mapping[str, AsyncLease | None]) -> list[_Start]:
+        """The runs to start, of the jobs ``shared`` whose lease is in ``leases``."""
         runs: list[_Start] = []
         for due in shared:
             lease = leases.get(due.job.name)
-            if lease is None:
+            if self._stopping:  # granted while stopping: stop() releases what is held
+                if lease is not None:
+                    self._held.add(lease)
+                due.state.settle()
+            elif lease is None:
                 self._skip_held(due, "another replica holds it")
             else:
                 self._held.add(lease)
@@ -516,16 +581,20 @@ class Scheduler(Service):
         every body is queued on the loop before any run's bookkeeping, so the last of
         many jobs due at one instant does not wait for every other job's."""
         begun = []
+        report = wanted(EventKind.STARTED, self._listeners)  # asked once, not per run
         for due, _, _, token in runs:
             run = RunContext(due.job.name, due.fire, self.replica_id, token)
             started = self.clock.now()
-            self._emit(EventKind.STARTED, due.job, due.fire, delay=started - due.fire.timestamp())
+            if report:
+                delay = started - due.fire.timestamp()
+                self._emit(EventKind.STARTED, due.job, due.fire, delay=delay)
             begun.append((run, begin(due.job, run), started))
+        extend = needs_keep_alive(self._locker)
         for (due, lease, lost, _), (run, body, started) in zip(runs, begun, strict=True):
             keepalive = (
-                None
-                if lease is None
-                else keep_alive(self._locker, lease, self.lease_ttl, self.clock)
+                keep_alive(self._locker, lease, self.lease_ttl, self.clock)
+                if extend and lease is not None
+                else None
             )
             watched = Run(self, due.job, due.fire, due.state, lease, lost, run, body, started)
             self._active.add(watched)
@@ -550,16 +619,22 @@ class Scheduler(Service):
 
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """``fire + hold_span``, never past the next fire time: a replica firing this
-        tick late finds it held; the next tick is this replica's to take over."""
-        until = fire + timedelta(seconds=hold_span(job, self.skew_tolerance))
+        tick late finds it held; the next tick is this replica's to take over.
+
+        Rounded up to a 50 ms boundary (still never past the next fire): holding a
+        little longer is as safe, and jobs spread over the second then end their
+        holds on one shared timer per boundary instead of a timer and a loop turn each.
+        """
+        until = fire.timestamp() + hold_span(job, self.skew_tolerance)
+        until = math.ceil(until * _HOLD_GRID) / _HOLD_GRID
         state = self._states.get(job.name)
+        following: float | None
         if state is not None and state.successor is not None and state.successor[0] == fire:
             following = state.successor[1]
         else:
-            following = job.next_fire(fire)
-        if following is not None:
-            until = min(until, following)
-        return until.timestamp()
+            after = job.next_fire(fire)
+            following = None if after is None else after.timestamp()
+        return until if following is None else min(until, following)
 
     def _at(
         self, deadline: float, key: object, callback: Callable[[], object]
@@ -570,7 +645,17 @@ class Scheduler(Service):
 
     def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
         """Release ``lease`` in the one task that releases whatever is due, then ``then()``:
-        the holds of a tick's jobs end together, and a task each would cost more."""
+        the holds of a tick's jobs end together, and a task each would cost more. A
+        backend that sends its release at once (``_release_started``) needs no task."""
+        begin = getattr(lease, "_release_started", None)
+        started = begin() if begin is not None else None
+        if started is not None:
+            self._held.discard(lease)
+            if started.done():  # memory:// settles at once: no loop turn to wait for
+                self._released(lease, started, then)
+            else:
+                started.add_done_callback(lambda done: self._released(lease, done, then))
+            return
         self._releasing.append((lease, then))
         if not self._flushing:
             self._flushing = True
@@ -600,7 +685,14 @@ class Scheduler(Service):
         try:
             await lease.release()
         except Exception:  # the backend is gone: the lease ends with its session or ttl
-            log.warning("releasing the lease on %s failed", lease.name, exc_info=True)
+            _release_failed(lease)
+
+    def _released(
+        self, lease: AsyncLease, done: asyncio.Future[bool], then: Callable[[], object]
+    ) -> None:
+        if done.exception() is not None:
+            _release_failed(lease, done.exception())
+        then()
 
     def _emit(
         self,
@@ -617,3 +709,13 @@ class Scheduler(Service):
             return  # nobody would see it: skip building the event (twice a run)
         event = JobEvent(kind, job.name, fire, self.replica_id, duration, delay, error, reason)
         emit(event, self._listeners)
+
+
+def _leases_of(granted: dict[str, AsyncLeaseBase | None]) -> list[AsyncLeaseBase | None]:
+    return list(granted.values())
+
+
+def _release_failed(lease: AsyncLease, error: BaseException | None = None) -> None:
+    # The backend is gone: the lease ends with its session or ttl.
+    exc_info = error if error is not None else True
+    log.warning("releasing the lease on %s failed", lease.name, exc_info=exc_info)

@@ -252,35 +252,25 @@ def test_hung_session_fires_lost_within_interval_plus_timeout(
         again.release()
 
 
+@pytest.mark.parametrize("widened", [False, True], ids=["as-is", "cut-window-widened"])
 def test_call_stuck_on_a_hung_session_fails_within_interval_plus_timeout(
-    frozen_proxy: FreezableProxy, postgres_url: str
-) -> None:
-    url = _through(frozen_proxy, postgres_url, health_interval=INTERVAL, health_timeout=1)
-    with multilock.connect(url) as locker:
-        first = locker.try_acquire(_name())
-        assert first is not None
-        first.release()
-        frozen_proxy.frozen.set()
-        started = time.monotonic()
-        with pytest.raises(BackendUnavailable):
-            locker.try_acquire(_name())  # nothing held: only the deadline can free it
-        assert time.monotonic() - started <= INTERVAL + 1.0 + 0.5
-
-
-def test_a_cut_call_wakes_knowing_why_and_does_not_reconnect(
-    frozen_proxy: FreezableProxy, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    frozen_proxy: FreezableProxy,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    widened: bool,
 ) -> None:
     # The stuck call wakes the moment its socket is shut down. It must already see
     # why (the health check cut it), or it takes the cut for a dead session and
-    # reconnects through the same hung path for a whole connect_timeout. The pause
-    # after the cut widens the window a late-recorded reason would leave open.
-    real = locker_module.shut_down
+    # reconnects through the same hung path for a whole connect_timeout. Widened: a
+    # pause after the cut opens the window a late-recorded reason would leave open.
+    if widened:
+        real = locker_module.shut_down
 
-    def cut_then_pause(fd: int) -> None:
-        real(fd)
-        time.sleep(0.5)
+        def cut_then_pause(fd: int) -> None:
+            real(fd)
+            time.sleep(0.5)
 
-    monkeypatch.setattr(locker_module, "shut_down", cut_then_pause)
+        monkeypatch.setattr(locker_module, "shut_down", cut_then_pause)
     url = _through(
         frozen_proxy, postgres_url, health_interval=INTERVAL, health_timeout=1, connect_timeout=5
     )
@@ -291,7 +281,7 @@ def test_a_cut_call_wakes_knowing_why_and_does_not_reconnect(
         frozen_proxy.frozen.set()
         started = time.monotonic()
         with pytest.raises(BackendUnavailable, match="did not answer within 1 s"):
-            locker.try_acquire(_name())
+            locker.try_acquire(_name())  # nothing held: only the deadline can free it
         assert time.monotonic() - started <= INTERVAL + 1.0 + 0.5
 
 

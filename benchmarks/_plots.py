@@ -77,15 +77,19 @@ def _many(results: Results, path: Path) -> None:
 def _scheduler(results: Results, path: Path) -> None:
     rows = [row for row in results.scheduler if "error" not in row]
     figure, (late, cpu) = plt.subplots(1, 2, figsize=(10, 3.6))
-    series = sorted({(row["library"], row["backend"]) for row in rows})
-    for library, backend in series:
+
+    def key(row: dict[str, Any]) -> tuple[str, str, str]:
+        return row["library"], row["backend"], row.get("phasing", "aligned")
+
+    for library, backend, phasing in sorted({key(row) for row in rows}):
         points = sorted(
-            (row for row in rows if (row["library"], row["backend"]) == (library, backend)),
+            (row for row in rows if key(row) == (library, backend, phasing)),
             key=lambda row: row["jobs"],
         )
         label = library if backend == "-" else f"{library} ({backend})"
         jobs = [row["jobs"] for row in points]
-        style = {"marker": "o", "label": label}
+        dashes = "-" if phasing == "aligned" else "--"
+        style = {"marker": "o", "linestyle": dashes, "label": f"{label}, {phasing}"}
         late.loglog(jobs, [max(row["p99_ms"], 0.01) for row in points], **style)
         cpu.semilogx(jobs, [row["cpu_per_wall"] for row in points], **style)
     late.axhline(5, color="tab:red", linestyle=":", label="5 ms target")

@@ -665,8 +665,19 @@ class Scheduler(Service):
         try:
             while self._releasing:
                 batch, self._releasing = self._releasing, []
-                for lease, then in batch:
-                    await self._release(lease)
+                # One round trip for all of them where the backend can (PostgreSQL, Redis).
+                release_many = getattr(self._locker, "_release_many", None)
+                if release_many is not None and len(batch) > 1:
+                    leases = [lease for lease, _ in batch]
+                    self._held.difference_update(leases)
+                    try:
+                        await release_many(leases)
+                    except Exception:  # the backend is gone: leases end with it, or by ttl
+                        log.warning("releasing %d leases failed", len(leases), exc_info=True)
+                else:
+                    for lease, _ in batch:
+                        await self._release(lease)
+                for _, then in batch:
                     then()
         finally:
             self._flushing = False

@@ -52,6 +52,8 @@ class IntervalTrigger:
         if after < self.start:
             return self._fire(0, seed)
         n = (after - self.start) // self.interval
+        if not self.jitter:  # tick n is at or before ``after``: the next one is n + 1
+            return self.start + (n + 1) * self.interval
         current = self._fire(n, seed)
         return current if current > after else self._fire(n + 1, seed)
 

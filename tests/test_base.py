@@ -341,6 +341,33 @@ def test_release_is_idempotent(table: _Table) -> None:
     assert "released" in repr(lease)
 
 
+def test_release_many_releases_each_once_by_default(table: _Table) -> None:
+    sync = SyncLocker(table)
+    leases = [sync.try_acquire(name) for name in ("a", "b", "c")]
+    held = [lease for lease in leases if lease is not None]
+    assert held[1].release() is True
+    sync._release_many(held)  # the backend has no batch form: one release each
+    assert not any(lease.held for lease in held)
+    assert table.calls == ["release b", "release a", "release c"]
+
+
+def test_async_release_many_finishes_when_cancelled(table: _Table) -> None:
+    async def main() -> None:
+        locker = SlowLocker(table)
+        granted = await locker.try_acquire_many(["a", "b"])
+        leases = [lease for lease in granted.values() if lease is not None]
+        locker.gate.clear()
+        releasing = asyncio.ensure_future(locker._release_many(leases))
+        await asyncio.sleep(0)
+        releasing.cancel()
+        locker.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await releasing
+        assert table.holders == {}  # the releases finished all the same
+
+    asyncio.run(main())
+
+
 def test_a_lost_lease_is_still_released_on_the_backend(table: _Table) -> None:
     locker = SyncLocker(table)
     lease = locker.try_acquire("job")

@@ -18,6 +18,7 @@ from multilock import LostSignal, advisory_key
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, LockLost
 from multilock_postgres import AsyncPostgresLocker, PostgresLocker
+from multilock_postgres._runtime import shut_down
 from multilock_postgres._sync import locker as locker_module
 
 from .conftest import FreezableProxy
@@ -264,7 +265,7 @@ def test_call_stuck_on_a_hung_session_fails_within_interval_plus_timeout(
     # reconnects through the same hung path for a whole connect_timeout. Widened: a
     # pause after the cut opens the window a late-recorded reason would leave open.
     if widened:
-        real = locker_module.shut_down
+        real = shut_down
 
         def cut_then_pause(fd: int) -> None:
             real(fd)

@@ -1,7 +1,9 @@
-"""try_acquire, release and try_acquire_many are one round trip each, on the wire."""
+"""try_acquire, release, try_acquire_many and the scheduler's release of many are one
+round trip each, on the wire."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,7 +13,7 @@ import pytest
 from psycopg import pq
 
 import multilock
-from multilock_postgres import PostgresLocker
+from multilock_postgres import AsyncPostgresLocker, PostgresLocker
 
 
 @contextmanager
@@ -35,7 +37,9 @@ def _round_trips(locker: PostgresLocker) -> Iterator[list[int]]:
 
 
 @pytest.mark.parametrize("fencing", [False, True])
-def test_one_round_trip_each(make_url: Callable[..., str], fencing: bool) -> None:
+def test_one_round_trip_each(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]], fencing: bool
+) -> None:
     prefix = uuid.uuid4().hex
     with multilock.connect(make_url(fencing=fencing)) as locker:
         assert isinstance(locker, PostgresLocker)
@@ -52,4 +56,27 @@ def test_one_round_trip_each(make_url: Callable[..., str], fencing: bool) -> Non
         with _round_trips(locker) as refused:
             again = locker.try_acquire(names[0])  # held here: answered without the server
         assert again is None
-        assert (acquire, release, batch, refused) == ([1], [1], [1], [0])
+        held = [lease for lease in leases.values() if lease is not None]
+        with _round_trips(locker) as release_all:
+            locker._release_many(held)  # the scheduler's, when lease holds end together
+        assert not any(lease.held for lease in held)
+        assert all(holders(int(lease.key)) == [] for lease in held)
+        assert (acquire, release, batch, refused, release_all) == ([1], [1], [1], [0], [1])
+
+
+def test_async_release_many_frees_every_lease_in_one_statement(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    async def main() -> None:
+        prefix = uuid.uuid4().hex
+        async with multilock.connect_async(make_url()) as locker:
+            assert isinstance(locker, AsyncPostgresLocker)
+            names = [f"{prefix}-{i}" for i in range(50)]
+            leases = [lease for lease in (await locker.try_acquire_many(names)).values() if lease]
+            assert len(leases) == 50
+            await leases[0].release()  # released already: skipped by the batch
+            await locker._release_many(leases)
+            assert not any(lease.held for lease in leases)
+            assert all(holders(int(lease.key)) == [] for lease in leases)
+
+    asyncio.run(main())

@@ -92,6 +92,24 @@ def test_try_acquire_many_is_one_round_trip(locker: RedisLocker, name: str) -> N
     assert held is not None
 
 
+def test_release_many_is_one_round_trip_and_spares_another_holder(
+    redis_url: str, locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    names = [f"{name}-{i}" for i in range(40)]
+    stale = _held(locker.try_acquire(names[0], ttl=TTL))
+    _stale(locker, stale)  # its key expires and another locker takes the name
+    # A long ttl: no renewal of these is sent while the round trips are counted.
+    leases = [stale] + [_held(lease) for lease in locker.try_acquire_many(names[1:]).values()]
+    with multilock.connect(redis_url) as other:
+        _wait_until(lambda: other.try_acquire(names[0], ttl=10) is not None, timeout=TTL * 5)
+        sent = _count_round_trips(locker)
+        locker._release_many(leases)  # the scheduler's, when lease holds end together
+        assert sent == ["EVALSHA"]
+        assert not any(lease.held for lease in leases)
+        assert admin.exists(*(lease.key for lease in leases[1:])) == 0
+        assert admin.get(stale.key) is not None  # the new holder's: untouched
+
+
 def test_try_acquire_many_beyond_one_chunk_is_pipelined(locker: RedisLocker, name: str) -> None:
     names = [f"{name}-{i}" for i in range(2 * CHUNK + 10)]
     held = _held(locker.try_acquire(names[CHUNK + 3]))

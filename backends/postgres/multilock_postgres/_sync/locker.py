@@ -188,6 +188,39 @@ class PostgresLocker(LockerBase):
         finally:
             _fire(lost)
 
+    def _release_leases(self, leases: list[LeaseBase]) -> None:
+        """Free ``leases`` in one round trip (``pg_advisory_unlock`` over an array)."""
+        lost: _Lost = []
+        try:
+            with self._mutex:
+                # A lease lost with its session, or never ours, has nothing to free.
+                held = [
+                    lease
+                    for lease in leases
+                    if isinstance(lease, PostgresLease) and self._held.get(lease.key) is lease
+                ]
+                if not held:
+                    return
+                keys = _sql.bigint_array([lease.key for lease in held])
+                try:
+                    rows = self._ask(_sql.UNLOCK_MANY, (keys,), lost, "release", reconnect=False)
+                except MultilockError as exc:
+                    # As for one lease: a dead session took the locks with it; a live one
+                    # that failed to answer keeps the keys tracked, to be unlocked on close.
+                    _log.warning("releasing %d locks: %s", len(held), exc)
+                    return
+                for lease in held:
+                    del self._held[lease.key]
+                freed = sum(1 for (done,) in rows if done)
+                if freed != len(held):
+                    _log.error(
+                        "%d of %d advisory keys were not held by their session",
+                        len(held) - freed,
+                        len(held),
+                    )
+        finally:
+            _fire(lost)
+
     # -- health -------------------------------------------------------------------------
 
     def _check_alive(self, lease: PostgresLease) -> None:

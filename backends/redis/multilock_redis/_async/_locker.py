@@ -126,6 +126,19 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
             raise translate(exc, self._url, "releasing") from None
         return bool(freed)
 
+    async def _release_leases(self, leases: list[AsyncLeaseBase]) -> None:
+        """Free ``leases`` in one script call (compare-and-delete each)."""
+        mine = [lease for lease in leases if isinstance(lease, AsyncRedisLease)]
+        keys, tokens = self._given_back(mine)
+        if not keys:
+            return
+        try:
+            await self._link.run(RELEASE_MANY, keys, list(tokens))
+        except REDIS_ERRORS as exc:
+            if all(lease.lost.is_set() for lease in mine):
+                return  # already reported lost: their keys expire on their own
+            raise translate(exc, self._url, "releasing") from None
+
     async def _extend_lease(self, lease: AsyncRedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:

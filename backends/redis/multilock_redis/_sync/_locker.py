@@ -125,6 +125,19 @@ class RedisLocker(RedisLockerCommon, LockerBase):
             raise translate(exc, self._url, "releasing") from None
         return bool(freed)
 
+    def _release_leases(self, leases: list[LeaseBase]) -> None:
+        """Free ``leases`` in one script call (compare-and-delete each)."""
+        mine = [lease for lease in leases if isinstance(lease, RedisLease)]
+        keys, tokens = self._given_back(mine)
+        if not keys:
+            return
+        try:
+            self._link.run(RELEASE_MANY, keys, list(tokens))
+        except REDIS_ERRORS as exc:
+            if all(lease.lost.is_set() for lease in mine):
+                return  # already reported lost: their keys expire on their own
+            raise translate(exc, self._url, "releasing") from None
+
     def _extend_lease(self, lease: RedisLease, ttl: float) -> float:
         start = time.monotonic()
         try:

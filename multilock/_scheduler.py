@@ -432,6 +432,13 @@ class Scheduler(Service):
             self._enqueue(state)
             if not fires:
                 continue
+            if len(fires) == 1 and state.ready and now - fires[0].timestamp() <= job.misfire_grace:
+                # The common case, without the lists below: one tick, on time, job idle.
+                due = _Due(job, fires[0], state)
+                if not self._continue_hold(due):
+                    state.claim()
+                    batch.append(due)
+                continue
             grace = job.misfire_grace
             if state.holding is not None and state.holding.held:
                 # Still holding the job's lease from the previous tick: no other replica

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import time
@@ -81,7 +82,7 @@ class SharedTimers:
             group = self._due[deadline] = {}
             call_at(self._clock, deadline, lambda: self._fire(deadline))
         group[key] = callback
-        return lambda: group.pop(key, None)
+        return functools.partial(group.pop, key, None)  # one object, not a closure's three
 
     def _fire(self, deadline: float) -> None:
         for callback in list(self._due.pop(deadline, {}).values()):

@@ -99,6 +99,7 @@ class Run:
         "_holding",
         "_host",
         "_keepalive",
+        "_loop",
         "body",
         "context",
         "fire",
@@ -120,11 +121,18 @@ class Run:
         context: RunContext,
         body: asyncio.Future[Any],
         started: float,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._host = host
+        self._loop = loop  # the scheduler's
         self.job, self.fire, self.state = job, fire, state
         self.lease, self.lost = lease, lost
-        self.context, self.body, self.started = context, body, started
+        # Both dropped once the body is over: a finished task keeps its coroutine and
+        # context alive, and a run's hold keeps the run alive for most of a second,
+        # long enough for the garbage collector to scan them again and again.
+        self.context: RunContext | None = context
+        self.body: asyncio.Future[Any] | None = body
+        self.started = started
         self._cut: tuple[EventKind, str] | None = None  # why the run stopped the body
         self._cancel_timer: Callable[[], object] | None = None
         self._keepalive: asyncio.Task[None] | None = None
@@ -133,6 +141,7 @@ class Run:
     def start(self, keepalive: asyncio.Task[None] | None) -> None:
         """Watch the body: its end, the lost signal, the job's timeout."""
         self._keepalive = keepalive
+        assert self.body is not None
         self.body.add_done_callback(self._body_done)
         if self.job.timeout is not None:
             deadline = self.started + self.job.timeout
@@ -151,16 +160,18 @@ class Run:
         self._stop_body(EventKind.TIMED_OUT, f"timeout of {self.job.timeout}s")
 
     def _stop_body(self, kind: EventKind, reason: str) -> None:
-        if self.body.done() or self._cut is not None:
+        body, context = self.body, self.context
+        if body is None or context is None or body.done() or self._cut is not None:
             return
         self._cut = (kind, reason)
-        self.context.cancel_event.set()
+        context.cancel_event.set()
         # A worker thread cannot be interrupted: its future ends when it returns, and
         # the lease stays held until then.
-        if isinstance(self.body, asyncio.Task):
-            self.body.cancel()
+        if isinstance(body, asyncio.Task):
+            body.cancel()
 
     def _body_done(self, body: asyncio.Future[Any]) -> None:
+        self.body = self.context = None
         if self._cancel_timer is not None:
             self._cancel_timer()
             self._cancel_timer = None
@@ -245,12 +256,13 @@ class Run:
     def abort(self) -> None:
         """Shutdown past its stop timeout: stop the body without waiting for it (a stuck
         worker thread is abandoned), end the hold; the scheduler releases the lease."""
-        if not self.body.done():
+        body = self.body
+        if body is not None and not body.done():
             self._stop_body(EventKind.FAILED, "stopped")
-            if not isinstance(self.body, asyncio.Task):
+            if not isinstance(body, asyncio.Task):
                 log.warning("job %s: its worker thread is still running at shutdown", self.job.name)
-            self.body.remove_done_callback(self._body_done)
-            self.body.add_done_callback(_consume)
+            body.remove_done_callback(self._body_done)
+            body.add_done_callback(_consume)
         if self.state.holding is self.lease:
             self.state.holding = None
         self._end_hold()
@@ -259,7 +271,7 @@ class Run:
     # --- the lost signal, from any thread -----------------------------------------------
 
     def _lost_any_thread(self, _: str) -> None:
-        loop = self.body.get_loop()  # the scheduler's
+        loop = self._loop
         try:
             on_loop = asyncio.get_running_loop() is loop
         except RuntimeError:  # another thread: a backend's, or a sync job's worker
@@ -270,7 +282,7 @@ class Run:
             loop.call_soon_threadsafe(self._lost)
 
     def _lost(self) -> None:
-        if not self.body.done():
+        if self.body is not None and not self.body.done():
             self._lost_while_running()
         elif self._holding:
             self._hold_ended()

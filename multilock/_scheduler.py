@@ -597,13 +597,14 @@ class Scheduler(Service):
                 self._emit(EventKind.STARTED, due.job, due.fire, delay=delay)
             begun.append((run, begin(due.job, run), started))
         extend = needs_keep_alive(self._locker)
+        loop = asyncio.get_running_loop()
         for (due, lease, lost, _), (run, body, started) in zip(runs, begun, strict=True):
             keepalive = (
                 keep_alive(self._locker, lease, self.lease_ttl, self.clock)
                 if extend and lease is not None
                 else None
             )
-            watched = Run(self, due.job, due.fire, due.state, lease, lost, run, body, started)
+            watched = Run(self, due.job, due.fire, due.state, lease, lost, run, body, started, loop)
             self._active.add(watched)
             watched.start(keepalive)
 

@@ -176,7 +176,7 @@ def validate_schedule(job: Job, now: datetime, skew_tolerance: float) -> None:
 _EVENT_GUARD = threading.Lock()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunContext:
     """What a running job may ask about its own run: ``multilock.current_run()``."""
 

@@ -49,7 +49,7 @@ _MAX_CATCH_UP = 1000  # ticks walked one by one after a pause; beyond, they are 
 _HOLD_GRID = 20  # lease holds end on 1/20 s boundaries (rounded up): see _hold_until
 
 
-@dataclass
+@dataclass(slots=True)
 class _JobState:
     """Where a job is in this process. Changed only on the loop, synchronously."""
 
@@ -105,7 +105,7 @@ class _JobState:
         return not self.busy or (self.holding is not None and self.holding.held)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Due:
     job: Job
     fire: datetime

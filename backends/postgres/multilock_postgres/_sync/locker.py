@@ -165,59 +165,44 @@ class PostgresLocker(LockerBase):
     # -- releasing ----------------------------------------------------------------------
 
     def _unlock(self, lease: PostgresLease) -> bool:
-        lost: _Lost = []
-        try:
-            with self._mutex:
-                if self._held.get(lease.key) is not lease:
-                    return False  # lost with its session, or never ours: nothing to free
-                try:
-                    rows = self._ask(
-                        _sql.UNLOCK, (Int8(lease.key),), lost, "release", reconnect=False
-                    )
-                except MultilockError as exc:
-                    # A dead session took the lock with it. A live one that failed to
-                    # answer keeps the key tracked, to be unlocked on close.
-                    _log.warning("releasing %r: %s", lease.name, exc)
-                    return False
-                del self._held[lease.key]
-                if not rows[0][0]:
-                    _log.error(
-                        "advisory key %s of %r was not held by its session", lease.key, lease.name
-                    )
-                return bool(rows[0][0])
-        finally:
-            _fire(lost)
+        return self._unlock_all([lease]) == 1
 
     def _release_leases(self, leases: list[LeaseBase]) -> None:
         """Free ``leases`` in one round trip (``pg_advisory_unlock`` over an array)."""
+        self._unlock_all([lease for lease in leases if isinstance(lease, PostgresLease)])
+
+    def _unlock_all(self, leases: list[PostgresLease]) -> int:
+        """Unlock, in one round trip, those of ``leases`` the session still holds (one lost
+        with its session, or never ours, has nothing to free); how many the server freed."""
         lost: _Lost = []
         try:
             with self._mutex:
-                # A lease lost with its session, or never ours, has nothing to free.
-                held = [
-                    lease
-                    for lease in leases
-                    if isinstance(lease, PostgresLease) and self._held.get(lease.key) is lease
-                ]
+                held = [lease for lease in leases if self._held.get(lease.key) is lease]
                 if not held:
-                    return
-                keys = _sql.bigint_array([lease.key for lease in held])
+                    return 0
+                one = len(held) == 1
+                params: Sequence[Any]
+                if one:  # the hot path: a plain bigint, no array to build
+                    query, params = _sql.UNLOCK, (Int8(held[0].key),)
+                else:
+                    query, params = (
+                        _sql.UNLOCK_MANY,
+                        (_sql.bigint_array([lease.key for lease in held]),),
+                    )
+                what = f"key {held[0].key} of {held[0].name!r}" if one else f"{len(held)} keys"
                 try:
-                    rows = self._ask(_sql.UNLOCK_MANY, (keys,), lost, "release", reconnect=False)
+                    rows = self._ask(query, params, lost, "release", reconnect=False)
                 except MultilockError as exc:
-                    # As for one lease: a dead session took the locks with it; a live one
-                    # that failed to answer keeps the keys tracked, to be unlocked on close.
-                    _log.warning("releasing %d locks: %s", len(held), exc)
-                    return
+                    # A dead session took the locks with it. A live one that failed to
+                    # answer keeps the keys tracked, to be unlocked on close.
+                    _log.warning("releasing advisory %s: %s", what, exc)
+                    return 0
                 for lease in held:
                     del self._held[lease.key]
                 freed = sum(1 for (done,) in rows if done)
                 if freed != len(held):
-                    _log.error(
-                        "%d of %d advisory keys were not held by their session",
-                        len(held) - freed,
-                        len(held),
-                    )
+                    _log.error("advisory %s: %d not held by the session", what, len(held) - freed)
+                return freed
         finally:
             _fire(lost)
 

@@ -58,7 +58,7 @@ class _JobState:
     running: bool = False  # a body runs: what ``overlap`` is about
     busy: bool = False  # a run is not over: its body, lease hold or release
     holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
-    successor: tuple[datetime, float | None] | None = None  # a fire, the next's time: saves a call
+    successor: tuple[datetime, datetime | None] | None = None  # a fire, the next: saves a call
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # see changed()
     watchers: list[Callable[[], object]] = field(default_factory=list)  # called on notify
 
@@ -378,17 +378,13 @@ class Scheduler(Service):
         lookback = min(state.job.misfire_grace, self.skew_tolerance)
         since = self._now() - timedelta(seconds=lookback)
         state.next_fire = state.job.next_fire(since)
-        state.successor = None
         self._enqueue(state)
         state.settle()
         self._arm()
 
     def _enqueue(self, state: _JobState) -> None:
-        successor = state.successor
         if state.next_fire is None:
             self._queue.discard(state.job.name)
-        elif successor is not None and successor[1] is not None:  # the time of next_fire
-            self._queue.put(state.job.name, successor[1], state)
         else:
             self._queue.put(state.job.name, state.next_fire.timestamp(), state)
 
@@ -480,10 +476,9 @@ class Scheduler(Service):
             fires.append(state.next_fire)
             if len(fires) >= _MAX_CATCH_UP:
                 state.next_fire = state.job.next_fire(datetime.fromtimestamp(now, UTC))
-                state.successor = None
                 break
-            following = state.next_fire = state.job.next_fire(state.next_fire)
-            state.successor = (fires[-1], None if following is None else following.timestamp())
+            state.next_fire = state.job.next_fire(state.next_fire)
+            state.successor = (fires[-1], state.next_fire)
         return fires
 
     async def _after_previous(self, due: _Due) -> None:
@@ -636,13 +631,11 @@ class Scheduler(Service):
         until = fire.timestamp() + hold_span(job, self.skew_tolerance)
         until = math.ceil(until * _HOLD_GRID) / _HOLD_GRID
         state = self._states.get(job.name)
-        following: float | None
         if state is not None and state.successor is not None and state.successor[0] == fire:
             following = state.successor[1]
         else:
-            after = job.next_fire(fire)
-            following = None if after is None else after.timestamp()
-        return until if following is None else min(until, following)
+            following = job.next_fire(fire)
+        return until if following is None else min(until, following.timestamp())
 
     def _at(
         self, deadline: float, key: object, callback: Callable[[], object]

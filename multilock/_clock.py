@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import heapq
 import itertools
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 __all__ = ["Clock", "ManualClock", "SharedTimers", "SystemClock", "call_at"]
+
+K = TypeVar("K")
 
 
 class Clock(Protocol):
@@ -61,32 +62,45 @@ def call_at(clock: Clock, deadline: float, callback: Callable[[], object]) -> Ca
     return waiting.cancel
 
 
-class SharedTimers:
-    """Callbacks due at the same clock time share one timer.
+class SharedTimers(Generic[K]):
+    """Keys due at the same clock time share one timer, which calls ``callback(key)`` for each.
 
     The lease holds of all the jobs of a tick end at the same instant: one loop
-    timer for them all instead of a thousand in the loop's heap.
+    timer for them all instead of a thousand in the loop's heap. A key is its own
+    handle (no closure or bound method is made per key): with a thousand runs
+    holding leases, each such object is one more for the garbage collector to
+    trace, again and again, through the hold.
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, callback: Callable[[K], object]) -> None:
         self._clock = clock
-        self._due: dict[float, dict[object, Callable[[], object]]] = {}
+        self._callback = callback
+        self._due: dict[float, dict[K, None]] = {}
 
-    def call_at(
-        self, deadline: float, key: object, callback: Callable[[], object]
-    ) -> Callable[[], object]:
-        """Call ``callback()`` once the clock reads ``deadline``, unless cancelled by the
-        returned function (``key`` identifies the callback in its group)."""
+    def add(self, deadline: float, key: K) -> None:
+        """Call ``callback(key)`` once the clock reads ``deadline``, unless :meth:`discard`-ed."""
         group = self._due.get(deadline)
         if group is None:
             group = self._due[deadline] = {}
             call_at(self._clock, deadline, lambda: self._fire(deadline))
-        group[key] = callback
-        return functools.partial(group.pop, key, None)  # one object, not a closure's three
+        group[key] = None
+
+    def discard(self, deadline: float, key: K) -> None:
+        """Forget ``key`` (added for ``deadline``), if still due."""
+        group = self._due.get(deadline)
+        if group is not None:
+            group.pop(key, None)
 
     def _fire(self, deadline: float) -> None:
-        for callback in list(self._due.pop(deadline, {}).values()):
-            callback()
+        # The group stays in place while it fires: a callback may discard a key not
+        # called yet, or add one for this same deadline (it is called too).
+        group, callback = self._due.get(deadline), self._callback
+        while group:
+            for key in list(group):
+                if key in group:
+                    del group[key]
+                    callback(key)
+        self._due.pop(deadline, None)
 
 
 class ManualClock:

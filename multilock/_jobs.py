@@ -186,19 +186,21 @@ class RunContext:
     fencing_token: int | None
     """The lease's fencing token (where the backend has one): hand it to the resource."""
     # Made on first use: most runs never need one, and a threading.Event costs more
-    # than the rest of a run's context.
-    _event: list[threading.Event] = field(
-        default_factory=list, init=False, repr=False, compare=False
-    )
+    # than the rest of a run's context. Set past the frozen dataclass's guard (the
+    # only field that changes): a list to hold it would be one more object per run.
+    _event: threading.Event | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def cancel_event(self) -> threading.Event:
         """Set when the run is asked to stop; a sync job may ``wait(t)`` on it."""
-        if not self._event:
+        event = self._event
+        if event is None:
             with _EVENT_GUARD:  # the job's thread and the loop may both ask first
-                if not self._event:
-                    self._event.append(threading.Event())
-        return self._event[0]
+                event = self._event
+                if event is None:
+                    event = threading.Event()
+                    object.__setattr__(self, "_event", event)
+        return event
 
     @property
     def cancelled(self) -> bool:
@@ -207,7 +209,8 @@ class RunContext:
         Sync jobs run in worker threads that cannot be interrupted: check this
         (or ``cancel_event.wait(t)``) and return early. Async jobs are cancelled.
         """
-        return bool(self._event) and self._event[0].is_set()
+        event = self._event
+        return event is not None and event.is_set()
 
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("multilock_run")

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
-from ._clock import Clock, call_at
+from ._clock import Clock, SharedTimers, call_at
 from ._events import EventKind
 from ._jobs import Job, RunContext, start_run
 from ._signal import LostSignal
@@ -42,7 +42,7 @@ class JobState(Protocol):
 
     running: bool
     holding: AsyncLease | None
-    watchers: list[Callable[[], object]]
+    holder: Run | None  # the run holding ``holding``: told when the next tick takes it over
 
     def notify(self) -> None:
         """Wake whoever waits for the state to change."""
@@ -72,11 +72,10 @@ class Host(Protocol):
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """When (by the clock) the lease of the tick ``fire`` may be released."""
 
-    def _at(
-        self, deadline: float, key: object, callback: Callable[[], object]
-    ) -> Callable[[], object]:
-        """Call ``callback()`` at ``deadline`` (a timer shared with the other runs due
-        then); returns what cancels it."""
+    @property
+    def _hold_timers(self) -> SharedTimers[Run]:
+        """Where a run's hold waits for its end (``Run.hold_ended`` at the deadline): one
+        timer shared by the runs whose holds end at the same time."""
 
     def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
         """Release ``lease`` (soon, on the loop), then call ``then()``."""
@@ -96,7 +95,7 @@ class Run:
     __slots__ = (
         "_cancel_timer",
         "_cut",
-        "_holding",
+        "_hold_end",
         "_host",
         "_keepalive",
         "_loop",
@@ -134,9 +133,9 @@ class Run:
         self.body: asyncio.Future[Any] | None = body
         self.started = started
         self._cut: tuple[EventKind, str] | None = None  # why the run stopped the body
-        self._cancel_timer: Callable[[], object] | None = None
+        self._cancel_timer: Callable[[], object] | None = None  # the job's timeout
         self._keepalive: asyncio.Task[None] | None = None
-        self._holding = False
+        self._hold_end: float | None = None  # while holding: when the hold ends
 
     def start(self, keepalive: asyncio.Task[None] | None) -> None:
         """Watch the body: its end, the lost signal, the job's timeout."""
@@ -147,8 +146,10 @@ class Run:
             deadline = self.started + self.job.timeout
             self._cancel_timer = call_at(self._host.clock, deadline, self._timed_out)
         if self.lost is not None:
-            # One watch for the whole run: it stops the body, or ends the hold.
-            self.lost.add_callback(self._lost_any_thread)
+            # One watch for the whole run: it stops the body, or ends the hold. The run
+            # is the callback itself (__call__): a bound method would be one more object
+            # per run for the garbage collector to trace through the hold.
+            self.lost.add_callback(self)
 
     # --- the body ---------------------------------------------------------------------
 
@@ -205,34 +206,29 @@ class Run:
             self._release()
             return
         state = self.state
-        state.holding = lease
+        state.holding, state.holder = lease, self
         state.notify()
-        state.watchers.append(self._handed_over)
-        until = self._host._hold_until(self.job, self.fire)
-        self._cancel_timer = self._host._at(until, self, self._hold_ended)
-        self._holding = True
+        self._hold_end = self._host._hold_until(self.job, self.fire)
+        self._host._hold_timers.add(self._hold_end, self)
 
-    def _handed_over(self) -> None:
-        # Called on every notify of the job's state: only a take-over ends the hold.
-        if self.state.holding is not self.lease:
-            self._end_hold()
-            self._finish(settle=False)  # the next tick's run owns the lease now
+    def handed_over(self) -> None:
+        """The next tick's run took the lease over (``_JobState.take_hold``): the hold
+        ends, and the lease is not this run's to release."""
+        self._end_hold()
+        self._finish(settle=False)
 
-    def _hold_ended(self) -> None:
-        if self.state.holding is self.lease:
-            self.state.holding = None
+    def hold_ended(self) -> None:
+        """The hold is over (its time came, or the lease was lost): release the lease."""
+        state = self.state
+        if state.holding is self.lease:
+            state.holding = state.holder = None
             self._end_hold()
             self._release()
 
     def _end_hold(self) -> None:
-        self._holding = False
-        try:
-            self.state.watchers.remove(self._handed_over)
-        except ValueError:
-            pass  # not watching: the hold never began, or was handed over
-        if self._cancel_timer is not None:
-            self._cancel_timer()
-            self._cancel_timer = None
+        until, self._hold_end = self._hold_end, None
+        if until is not None:
+            self._host._hold_timers.discard(until, self)
 
     # --- the end ----------------------------------------------------------------------
 
@@ -263,14 +259,15 @@ class Run:
                 log.warning("job %s: its worker thread is still running at shutdown", self.job.name)
             body.remove_done_callback(self._body_done)
             body.add_done_callback(_consume)
-        if self.state.holding is self.lease:
-            self.state.holding = None
+        if self.state.holder is self:
+            self.state.holding = self.state.holder = None
         self._end_hold()
         self._finish(settle=True)
 
     # --- the lost signal, from any thread -----------------------------------------------
 
-    def _lost_any_thread(self, _: str) -> None:
+    def __call__(self, _: str) -> None:
+        """The lease (or leader lease) was lost: from any thread, as the signal fires."""
         loop = self._loop
         try:
             on_loop = asyncio.get_running_loop() is loop
@@ -284,12 +281,12 @@ class Run:
     def _lost(self) -> None:
         if self.body is not None and not self.body.done():
             self._lost_while_running()
-        elif self._holding:
-            self._hold_ended()
+        elif self._hold_end is not None:
+            self.hold_ended()
 
     def _unwatch_lost(self) -> None:
         if self.lost is not None:
-            self.lost.remove_callback(self._lost_any_thread)
+            self.lost.remove_callback(self)
 
 
 async def wait_quietly(work: Awaitable[Any]) -> None:

@@ -59,8 +59,8 @@ class _JobState:
     busy: bool = False  # a run is not over: its body, lease hold or release
     holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
     successor: tuple[datetime, datetime | None] | None = None  # a fire, the next: saves a call
+    holder: Run | None = None  # the run holding ``holding``, told when it is taken over
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # see changed()
-    watchers: list[Callable[[], object]] = field(default_factory=list)  # called on notify
 
     def claim(self) -> None:
         """Mark a run as started, so that no other tick claims the job meanwhile."""
@@ -72,8 +72,6 @@ class _JobState:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        for watcher in tuple(self.watchers):  # a watcher may remove itself
-            watcher()
 
     def changed(self) -> asyncio.Future[None]:
         """A future done at the next :meth:`notify` (made only for who waits: most
@@ -92,9 +90,11 @@ class _JobState:
         lease = self.holding
         if lease is None or not lease.held:
             return None
-        self.holding = None
+        holder, self.holding, self.holder = self.holder, None, None
         self.running = True
-        self.notify()  # ends the previous run's hold, which then leaves the lease be
+        if holder is not None:
+            holder.handed_over()  # its hold ends, and it leaves the lease be
+        self.notify()
         return lease
 
     @property
@@ -194,7 +194,7 @@ class Scheduler(Service):
         self._releasing: list[tuple[AsyncLease, Callable[[], object]]] = []
         self._flushing = False
         self._quiet: asyncio.Future[None] | None = None  # stop() waits on it
-        self._timers: SharedTimers | None = None  # made on the loop, for its clock
+        self._timers: SharedTimers[Run] | None = None  # made on the loop, for its clock
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: FireQueue[_JobState] = FireQueue()  # the loop's: by next fire time
         self._armed: tuple[float, Callable[[], object]] | None = None  # its timer: when, cancel
@@ -637,12 +637,11 @@ class Scheduler(Service):
             following = job.next_fire(fire)
         return until if following is None else min(until, following.timestamp())
 
-    def _at(
-        self, deadline: float, key: object, callback: Callable[[], object]
-    ) -> Callable[[], object]:
+    @property
+    def _hold_timers(self) -> SharedTimers[Run]:
         if self._timers is None:
-            self._timers = SharedTimers(self.clock)
-        return self._timers.call_at(deadline, key, callback)
+            self._timers = SharedTimers(self.clock, Run.hold_ended)
+        return self._timers
 
     def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
         """Release ``lease`` in the one task that releases whatever is due, then ``then()``:

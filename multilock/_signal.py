@@ -27,7 +27,9 @@ class LostSignal:
 
     def __init__(self) -> None:
         self._reason: str | None = None
-        self._callbacks: list[Callable[[str], object]] | None = None
+        # One callback is kept as it is, more in a list: a lease has one watcher most
+        # often (the scheduler's run), and a list each would be one more object per lease.
+        self._callbacks: Callable[[str], object] | list[Callable[[str], object]] | None = None
         self._event: threading.Event | None = None  # made only when someone blocks on it
 
     def is_set(self) -> bool:
@@ -45,7 +47,7 @@ class LostSignal:
             if self._reason is not None:
                 return False
             self._reason = reason or "lost"
-            callbacks, self._callbacks = self._callbacks or [], None
+            callbacks, self._callbacks = _as_list(self._callbacks), None
             event = self._event
         if event is not None:
             event.set()
@@ -57,17 +59,25 @@ class LostSignal:
         """Call ``callback(reason)`` when the lease is lost; at once if it already is."""
         with _GUARD:
             if self._reason is None:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
+                held = self._callbacks
+                if held is None:
+                    self._callbacks = callback
+                elif isinstance(held, list):
+                    held.append(callback)
+                else:
+                    self._callbacks = [held, callback]
                 return
         _call(callback, self._reason)
 
     def remove_callback(self, callback: Callable[[str], object]) -> None:
         """Forget ``callback``; no error if it was never added."""
         with _GUARD:
-            if self._callbacks and callback in self._callbacks:
-                self._callbacks.remove(callback)
+            held = self._callbacks
+            if isinstance(held, list):
+                if callback in held:
+                    held.remove(callback)
+            elif held is not None and held == callback:
+                self._callbacks = None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the lease is lost or ``timeout`` passes; return whether it was lost."""
@@ -109,6 +119,14 @@ class LostSignal:
     def __repr__(self) -> str:
         state = f"lost: {self._reason}" if self._reason is not None else "held"
         return f"<LostSignal {state}>"
+
+
+def _as_list(
+    callbacks: Callable[[str], object] | list[Callable[[str], object]] | None,
+) -> list[Callable[[str], object]]:
+    if callbacks is None:
+        return []
+    return callbacks if isinstance(callbacks, list) else [callbacks]
 
 
 def _call(callback: Callable[[str], object], reason: str) -> None:

@@ -5,6 +5,9 @@ schedulers' 350 ms skew_tolerance), 20 jobs every second with
 ~1 ms bodies, for 20+ ticks: every (job, tick) must run exactly once, as
 recorded by the runs themselves. A second variant SIGKILLs one replica
 mid-way: still no duplicates, and the survivors run every later tick.
+
+Every selected fleet starts at once (the ``fleets`` fixture), each test then
+waits for its own: the fleets spend their ticks of real time mostly waiting.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -197,35 +202,102 @@ def _run_fleet(
     assert not missing, f"{len(missing)} of {len(must_run)} (job, tick) never ran: {missing[:10]}"
 
 
-@pytest.fixture(params=["file", "postgres", "redis", "zookeeper"])
-def fleet_url(request: pytest.FixtureRequest) -> str:
-    """The lock URL of each backend, through the root conftest's fixtures."""
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    if request.param == "zookeeper":
-        url += ("&" if "?" in url else "?") + ZOOKEEPER_SESSION
-    return url
+BACKENDS = ("file", "postgres", "redis", "zookeeper")
+# Leader mode on the session-bound backends only: the per-job lock variants already
+# cover every backend's leases.
+LEADER_BACKENDS = ("file", "postgres")
 
 
-def test_fleet_runs_each_tick_exactly_once(fleet_url: str, tmp_path: Path) -> None:
-    """3 skewed replicas, 20 jobs, 22 ticks: zero duplicates, zero misses."""
-    _run_fleet(fleet_url, tmp_path, TICKS, kill_after=None)
+def _exactly_once(url: str, workdir: Path) -> None:
+    _run_fleet(url, workdir, TICKS, kill_after=None)
 
 
-def test_fleet_survives_a_killed_replica(fleet_url: str, tmp_path: Path) -> None:
-    """SIGKILL one replica mid-way: no duplicates, and the others keep every later tick."""
-    ticks = KILL_AFTER + math.ceil(_recovery(fleet_url)) + TICKS_AFTER_RECOVERY
-    _run_fleet(fleet_url, tmp_path, ticks, kill_after=KILL_AFTER)
-
-
-@pytest.mark.parametrize("server", ["file", "postgres"])
-def test_fleet_in_leader_mode_fails_over(
-    server: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    """Leader mode, same fleet: only the leader runs; SIGKILL it and another takes over.
-
-    Run on the session-bound backends only, to keep CI time down: the per-job lock
-    variants above already cover every backend's leases.
-    """
-    url: str = request.getfixturevalue(f"{server}_url")
+def _killed(url: str, workdir: Path) -> None:
     ticks = KILL_AFTER + math.ceil(_recovery(url)) + TICKS_AFTER_RECOVERY
-    _run_fleet(url, tmp_path, ticks, kill_after=KILL_AFTER, coordination="leader")
+    _run_fleet(url, workdir, ticks, kill_after=KILL_AFTER)
+
+
+def _leader(url: str, workdir: Path) -> None:
+    ticks = KILL_AFTER + math.ceil(_recovery(url)) + TICKS_AFTER_RECOVERY
+    _run_fleet(url, workdir, ticks, kill_after=KILL_AFTER, coordination="leader")
+
+
+SCENARIOS: dict[str, Callable[[str, Path], None]] = {
+    "test_fleet_runs_each_tick_exactly_once": _exactly_once,
+    "test_fleet_survives_a_killed_replica": _killed,
+    "test_fleet_in_leader_mode_fails_over": _leader,
+}
+
+
+class Fleets:
+    """The outcome of each (test, backend) fleet, all started together."""
+
+    def __init__(self, outcomes: dict[tuple[str, str], Future[None]]) -> None:
+        self._outcomes = outcomes
+
+    def check(self, request: pytest.FixtureRequest, backend: str) -> None:
+        """Wait for this test's fleet on ``backend``; raise what it raised (a failed
+        assertion, or the skip or failure of an unreachable server)."""
+        self._outcomes[(request.node.originalname, backend)].result()
+
+
+@pytest.fixture(scope="module")
+def fleets(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleets]:
+    """Every fleet this session's selected tests ask for, started at once in threads.
+
+    A fleet spends its 20-odd ticks of real time mostly waiting, three light
+    processes each, so ten side by side take as long as the longest alone: one
+    after the other they took four of the suite's eleven minutes.
+    """
+    wanted = [
+        (item.originalname, str(item.callspec.params["backend"]))
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.module is sys.modules[__name__]
+        and item.originalname in SCENARIOS
+    ]
+    outcomes: dict[tuple[str, str], Future[None]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(wanted))) as pool:
+        for test, backend in wanted:
+            try:  # the URL fixtures skip (or, when all servers are required, fail) here
+                url: str = request.getfixturevalue(f"{backend}_url")
+            except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+                outcomes[(test, backend)] = _settled(exc)
+                continue
+            if backend == "zookeeper":
+                url += ("&" if "?" in url else "?") + ZOOKEEPER_SESSION
+            workdir = tmp_path_factory.mktemp(f"{test[10:]}-{backend}")
+            outcomes[(test, backend)] = pool.submit(SCENARIOS[test], url, workdir)
+        yield Fleets(outcomes)
+
+
+def _settled(exc: BaseException) -> Future[None]:
+    future: Future[None] = Future()
+    future.set_exception(exc)
+    return future
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fleet_runs_each_tick_exactly_once(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """3 skewed replicas, 20 jobs, 22 ticks: zero duplicates, zero misses."""
+    fleets.check(request, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fleet_survives_a_killed_replica(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """SIGKILL one replica mid-way: no duplicates, and the others keep every later tick."""
+    fleets.check(request, backend)
+
+
+@pytest.mark.parametrize("backend", LEADER_BACKENDS)
+def test_fleet_in_leader_mode_fails_over(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """Leader mode, same fleet: only the leader runs; SIGKILL it and another takes over."""
+    fleets.check(request, backend)

@@ -11,8 +11,10 @@
 
 A sampler counts the rows of ``pg_stat_activity`` carrying each variant's
 ``application_name`` every 20 ms; reported: the peak, and how many jobs ran
-at once. N is lowered (and said so) when the server's ``max_connections`` has
-no room for N more connections.
+at once. multilock always runs all N jobs: it needs one connection. The seed
+pattern needs N, and a default server (``max_connections`` 100, a few in use)
+has no room for 100 more: its N is lowered to the room left (and said so), which
+is part of the finding.
 """
 
 from __future__ import annotations
@@ -168,12 +170,16 @@ def _room(url: str) -> int:
 
 
 def measure(url: str, jobs: int, hold: float) -> list[Row]:
-    """Both variants, with as many of the ``jobs`` as the server has room for."""
+    """multilock with ``jobs`` jobs; the seed pattern with as many of them as the
+    server has connections left for."""
     room = _room(url) - HEADROOM
-    if room < jobs:
-        print(f"  the server has room for {room} more connections: {jobs} jobs lowered to {room}")
-        jobs = room
-    rows = [_multilock(url, jobs, hold), _seed(url, jobs, hold)]
+    seed_jobs = min(jobs, room)
+    if seed_jobs < jobs:
+        print(
+            f"  the server has room for {room} more connections: the seed pattern's"
+            f" {jobs} jobs lowered to {seed_jobs}"
+        )
+    rows = [_multilock(url, jobs, hold), _seed(url, seed_jobs, hold)]
     for row in rows:
         print(
             f"  {row.variant:<13} {row.jobs} jobs, {row.concurrent} at once:"

@@ -230,19 +230,37 @@ async def finish_shielded(work: Awaitable[T]) -> T:
     current task) must still fire. Driving it in the caller's task with
     cancellation held back was tried and made a blackholed release hang.
     """
-    task: asyncio.Future[T] = asyncio.ensure_future(work)
-    cancelled = False
-    while True:
-        try:
-            result: T = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise  # the work itself was cancelled (loop shutting down)
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
+    outcome = in_task(work)
+    try:
+        return await outcome
+    except asyncio.CancelledError:
+        await _settled(outcome)
+        outcome.result()  # the work's own error wins (or its own cancellation)
+        raise
+
+
+def in_task(work: Awaitable[T]) -> Outcome[T]:
+    """Run ``work`` in a task of its own; the :class:`Outcome` that task settles as it ends.
+
+    Awaiting the outcome is :func:`asyncio.shield` without its extra event-loop turn: a
+    shield's outer future is settled from the task's done callback, one turn after the
+    task ends, and only then is the caller woken.
+    """
+    outcome: Outcome[T] = Outcome()
+    # The outcome keeps the task alive: the loop itself holds tasks only weakly.
+    outcome.task = asyncio.ensure_future(_settle(work, outcome))
+    return outcome
+
+
+async def _settle(work: Awaitable[T], outcome: Outcome[T]) -> None:
+    try:
+        result = await work
+    except BaseException as exc:
+        outcome.set_exception(exc)  # a CancelledError too: the work's own cancellation
+        if not isinstance(exc, Exception):
+            raise
+    else:
+        outcome.set_result(result)
 
 
 class Outcome(asyncio.Future[T]):
@@ -257,6 +275,8 @@ class Outcome(asyncio.Future[T]):
     event-loop turns per call. Whatever settles it must do so by a deadline of its
     own: nothing else can end the wait.
     """
+
+    task: asyncio.Future[None] | None = None  # the task that settles it (see in_task)
 
     def cancel(self, msg: Any = None) -> bool:
         """Refuse: an outcome is settled by the operation, never cancelled."""
@@ -521,27 +541,13 @@ async def undo_on_cancel(
     """Await an acquire (a coroutine, run in a task, or an outcome already in flight); if
     the caller is cancelled meanwhile, let the server answer, release whatever it
     granted, then re-raise the cancellation."""
-    if isinstance(work, Outcome):
-        try:
-            return await work
-        except asyncio.CancelledError:
-            await _settled(work)
-            if work.exception() is None:
-                for lease in leases_of(work.result()):
-                    if lease is not None:
-                        await lease.release()
-            raise
-    task = asyncio.ensure_future(work)
+    outcome = work if isinstance(work, Outcome) else in_task(work)
     try:
-        return await asyncio.shield(task)
+        return await outcome
     except asyncio.CancelledError:
-        if task.done() and task.cancelled():
-            raise
-        try:
-            granted = await finish_shielded(task)
-        except BaseException:  # the acquire failed on its own: nothing to undo
-            raise asyncio.CancelledError from None
-        for lease in leases_of(granted):
-            if lease is not None:
-                await lease.release()
+        await _settled(outcome)
+        if outcome.exception() is None:  # else it failed, or was cancelled, on its own
+            for lease in leases_of(outcome.result()):
+                if lease is not None:
+                    await lease.release()
         raise

@@ -243,6 +243,9 @@ class Run:
 
     def _finish(self, *, settle: bool) -> None:
         self._unwatch_lost()
+        if self._cancel_timer is not None:  # the timeout of a body abandoned at shutdown
+            self._cancel_timer()
+            self._cancel_timer = None
         if self._keepalive is not None:
             self._keepalive.cancel()
         if settle:

@@ -41,8 +41,7 @@ class JobState(Protocol):
     """What a run reads and changes of its job's state (the scheduler's ``_JobState``)."""
 
     running: bool
-    holding: AsyncLease | None
-    holder: Run | None  # the run holding ``holding``: told when the next tick takes it over
+    holder: Run | None  # the run holding its lease: told when the next tick takes it over
 
     def notify(self) -> None:
         """Wake whoever waits for the state to change."""
@@ -206,7 +205,7 @@ class Run:
             self._release()
             return
         state = self.state
-        state.holding, state.holder = lease, self
+        state.holder = self  # holding ``lease``, which is ``self.lease``
         state.notify()
         self._hold_end = self._host._hold_until(self.job, self.fire)
         self._host._hold_timers.add(self._hold_end, self)
@@ -220,8 +219,8 @@ class Run:
     def hold_ended(self) -> None:
         """The hold is over (its time came, or the lease was lost): release the lease."""
         state = self.state
-        if state.holding is self.lease:
-            state.holding = state.holder = None
+        if state.holder is self:
+            state.holder = None
             self._end_hold()
             self._release()
 
@@ -263,7 +262,7 @@ class Run:
             body.remove_done_callback(self._body_done)
             body.add_done_callback(_consume)
         if self.state.holder is self:
-            self.state.holding = self.state.holder = None
+            self.state.holder = None
         self._end_hold()
         self._finish(settle=True)
 

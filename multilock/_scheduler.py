@@ -57,9 +57,8 @@ class _JobState:
     next_fire: datetime | None = None
     running: bool = False  # a body runs: what ``overlap`` is about
     busy: bool = False  # a run is not over: its body, lease hold or release
-    holding: AsyncLease | None = None  # the last run's lease, kept until fire + skew
     successor: tuple[datetime, datetime | None] | None = None  # a fire, the next: saves a call
-    holder: Run | None = None  # the run holding ``holding``, told when it is taken over
+    holder: Run | None = None  # the last run, still holding its lease until fire + skew
     waiters: list[asyncio.Future[None]] = field(default_factory=list)  # see changed()
 
     def claim(self) -> None:
@@ -85,15 +84,20 @@ class _JobState:
         self.running = self.busy = False
         self.notify()
 
+    @property
+    def holding(self) -> AsyncLease | None:
+        """The lease the last run still holds (``None`` when no run holds one)."""
+        return None if self.holder is None else self.holder.lease
+
     def take_hold(self) -> AsyncLease | None:
         """The lease a finished run still holds, handed to the next tick (or ``None``)."""
-        lease = self.holding
-        if lease is None or not lease.held:
+        holder = self.holder
+        lease = None if holder is None else holder.lease
+        if holder is None or lease is None or not lease.held:
             return None
-        holder, self.holding, self.holder = self.holder, None, None
+        self.holder = None
         self.running = True
-        if holder is not None:
-            holder.handed_over()  # its hold ends, and it leaves the lease be
+        holder.handed_over()  # its hold ends, and it leaves the lease be
         self.notify()
         return lease
 

@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -22,6 +22,7 @@ import multilock._scheduler
 from multilock import EventKind, JobEvent, ManualClock, Scheduler, current_run, every
 from multilock._jobs import Overlap
 from multilock._memory import AsyncMemoryLocker
+from multilock._runs import Run
 from multilock._scheduler import _JobState
 from multilock.abc import AsyncLease
 from multilock.backend import LockURL
@@ -329,6 +330,16 @@ def test_the_next_tick_takes_over_a_lease_still_held() -> None:
     def ready(state: _JobState) -> bool:
         return state.ready  # read through a call: each assert sees the state anew
 
+    class Holder:
+        """A finished run in its hold: what take_hold hands over."""
+
+        def __init__(self, lease: AsyncLease) -> None:
+            self.lease = lease
+            self.handed = False
+
+        def handed_over(self) -> None:
+            self.handed = True
+
     async def scenario() -> None:
         state = _JobState(job)
         state.settle()
@@ -339,15 +350,17 @@ def test_the_next_tick_takes_over_a_lease_still_held() -> None:
             state.claim()
             assert not ready(state)  # the body runs
             state.running = False
-            state.holding = lease  # the hold phase
+            first = Holder(lease)
+            state.holder = cast(Run, first)  # the hold phase
             assert ready(state)
             changed = state.changed()
             assert state.take_hold() is lease
             assert changed.done()  # the old hold is woken, and finds the lease gone
+            assert first.handed
             assert not ready(state)  # the next tick's run is under way
             assert state.take_hold() is None  # and nothing is left to take
             state.running = False
-            state.holding = lease
+            state.holder = cast(Run, Holder(lease))
             AsyncMemoryLocker(LockURL.parse(url)).revoke("job")
             assert not ready(state)  # a lost lease is not handed over: wait for its run to end
             assert state.take_hold() is None

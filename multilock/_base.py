@@ -169,14 +169,7 @@ class AsyncLeaseBase(_LeaseState):
             return False
         self._released = True
         started = self._start_release()
-        if started is None:
-            return await finish_shielded(self._release())
-        try:
-            return await started
-        except asyncio.CancelledError:
-            await _settled(started)
-            started.result()  # the release's own error wins, as in finish_shielded
-            raise
+        return await _finished(in_task(self._release()) if started is None else started)
 
     def _release_started(self) -> Outcome[bool] | None:
         """:meth:`release` for a caller that cannot await (the scheduler ending a lease
@@ -230,12 +223,17 @@ async def finish_shielded(work: Awaitable[T]) -> T:
     current task) must still fire. Driving it in the caller's task with
     cancellation held back was tried and made a blackholed release hang.
     """
-    outcome = in_task(work)
+    return await _finished(in_task(work))
+
+
+async def _finished(outcome: Outcome[T]) -> T:
+    """Await ``outcome``; if the caller is cancelled meanwhile, wait until it is settled,
+    then raise its own error (or its own cancellation), else the caller's cancellation."""
     try:
         return await outcome
     except asyncio.CancelledError:
         await _settled(outcome)
-        outcome.result()  # the work's own error wins (or its own cancellation)
+        outcome.result()
         raise
 
 

@@ -10,6 +10,7 @@ time and resolve it with the DST policy of :mod:`multilock._walltime`;
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Protocol
@@ -73,6 +74,7 @@ class IntervalTrigger:
 def every(
     interval: Duration | None = None,
     *,
+    milliseconds: float = 0,
     seconds: float = 0,
     minutes: float = 0,
     hours: float = 0,
@@ -81,7 +83,8 @@ def every(
     start: datetime | None = None,
     jitter: Duration | None = None,
 ) -> IntervalTrigger:
-    """Fire every ``interval`` (or the sum of the keyword units) in absolute time.
+    """Fire every ``interval`` (or the sum of the keyword units, ``milliseconds`` to
+    ``weeks``) in absolute time; at least one millisecond.
 
     Ticks are anchored at ``start`` (an aware datetime; default the Unix
     epoch), so every replica computes the same ones whenever it started.
@@ -89,7 +92,14 @@ def every(
     from the job name and the tick number: spread out, yet the same on every
     replica. DST does not move interval ticks; use :func:`daily` for wall time.
     """
-    parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days, "weeks": weeks}
+    parts = {
+        "milliseconds": milliseconds,
+        "seconds": seconds,
+        "minutes": minutes,
+        "hours": hours,
+        "days": days,
+        "weeks": weeks,
+    }
     for unit, amount in parts.items():
         if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
             raise ConfigurationError(f"invalid every({unit}={amount!r}): expected a number >= 0")
@@ -148,21 +158,75 @@ class CronTrigger(_WallTrigger):
         return f"cron({self.expr!r}{', seconds=True' if self.seconds else ''})"
 
 
+# The nicknames of Vixie cron, as croniter reads them (@reboot has no tick to lock).
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+# Each field's name and the values it takes (day of week: 0 and 7 are Sunday).
+_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day of month", 1, 31),
+    ("month", 1, 12),
+    ("day of week", 0, 7),
+)
+_SECOND = ("second", 0, 59)
+
+
 def cron(expr: str, *, seconds: bool = False) -> CronTrigger:
     """A cron expression: 5 fields, or 6 with ``seconds=True`` (seconds first, as in Quartz
-    and gocron's ``WithSeconds``). Read in the job's timezone, with the DST policy."""
+    and gocron's ``WithSeconds``), or an alias (``@hourly``, ``@daily``, ``@weekly``,
+    ``@monthly``, ``@yearly``). Read in the job's timezone, with the DST policy."""
+    return parse_cron(expr, seconds=seconds, flag="seconds=True")
+
+
+def parse_cron(expr: str, *, seconds: bool, flag: str) -> CronTrigger:
+    """:func:`cron`, with errors that name ``flag`` as the caller spells it (``--seconds``)."""
     if not isinstance(expr, str):
         raise ConfigurationError(f"a cron expression must be a str, not {type(expr).__name__}")
-    fields = expr.split()
+    text = expr.strip()
+    if text.startswith("@"):
+        alias = _ALIASES.get(text.lower())
+        if alias is None:
+            raise ConfigurationError(
+                f"invalid cron expression {expr!r}: unknown alias (known: {', '.join(_ALIASES)})"
+            )
+        text = f"0 {alias}" if seconds else alias
+    fields = text.split()
     want = 6 if seconds else 5
     if len(fields) != want:
-        hint = "" if seconds or len(fields) != 6 else " (pass seconds=True for a seconds field)"
+        hint = ""
+        if not seconds and len(fields) == 6:
+            hint = f" (pass {flag} for a seconds field first)"
+        elif seconds and len(fields) == 5:
+            hint = f" ({flag} expects a seconds field first)"
         raise ConfigurationError(
             f"invalid cron expression {expr!r}: {len(fields)} fields, expected {want}{hint}"
         )
-    if not croniter.is_valid(expr, second_at_beginning=seconds):
-        raise ConfigurationError(f"invalid cron expression {expr!r}")
+    if not croniter.is_valid(text, second_at_beginning=seconds):
+        raise ConfigurationError(f"invalid cron expression {expr!r}: {_why(fields, seconds)}")
     return CronTrigger(" ".join(fields), seconds)
+
+
+def _why(fields: list[str], seconds: bool) -> str:
+    """Which field of an expression croniter refuses, and why."""
+    specs = (_SECOND, *_FIELDS) if seconds else _FIELDS
+    for index, ((name, low, high), text) in enumerate(zip(specs, fields, strict=True)):
+        alone = ["*"] * len(fields)
+        alone[index] = text
+        if croniter.is_valid(" ".join(alone), second_at_beginning=seconds):
+            continue
+        for number in re.findall(r"(?<![/#\w])\d+", text):  # values, not steps nor nth
+            if not low <= int(number) <= high:
+                return f"{name} {int(number)} out of {low}\u2013{high}"
+        return f"{name} field {text!r} is not valid"
+    return "croniter refuses it"  # every field alone is valid: their combination is not
 
 
 class CalendarTrigger(_WallTrigger):

@@ -91,6 +91,36 @@ def test_cron_five_and_six_fields() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("alias", "expression"),
+    [
+        ("@hourly", "0 * * * *"),
+        ("@daily", "0 0 * * *"),
+        ("@midnight", "0 0 * * *"),
+        ("@weekly", "0 0 * * 0"),
+        ("@monthly", "0 0 1 * *"),
+        ("@yearly", "0 0 1 1 *"),
+        ("@annually", "0 0 1 1 *"),
+    ],
+)
+def test_cron_aliases_fire_as_their_expressions(alias: str, expression: str) -> None:
+    after = utc(2026, 3, 28, 12, 34)
+    assert fires(cron(alias), after, 3) == fires(cron(expression), after, 3)
+    assert fires(cron(alias.upper()), after, 1) == fires(cron(expression), after, 1)
+    with_seconds = cron(alias, seconds=True)
+    assert fires(with_seconds, after, 3) == fires(cron(expression), after, 3)
+
+
+def test_every_takes_milliseconds() -> None:
+    trigger = every(milliseconds=250, seconds=1)
+    assert trigger.interval == timedelta(milliseconds=1250)
+    # Anchored at the epoch: 2026-06-01T00:00Z is a whole number of 1.25 s ticks after it.
+    assert fires(trigger, utc(2026, 6, 1), 2, UTC_ZONE) == [
+        utc(2026, 6, 1) + timedelta(milliseconds=1250),
+        utc(2026, 6, 1) + timedelta(milliseconds=2500),
+    ]
+
+
 def test_cron_reads_the_timezone() -> None:
     assert fires(cron("0 3 * * *"), utc(2026, 5, 31, 12), 1) == [utc(2026, 6, 1, 0)]  # 03:00 EEST
 
@@ -163,9 +193,22 @@ def test_once() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: cron("61 * * * *"), "invalid cron expression '61 * * * *'"),
+        (lambda: cron("61 * * * *"), "'61 * * * *': minute 61 out of 0\u201359"),
+        (lambda: cron("* 24 * * *"), "hour 24 out of 0\u201323"),
+        (lambda: cron("* * 0 * *"), "day of month 0 out of 1\u201331"),
+        (lambda: cron("* * * 13 *"), "month 13 out of 1\u201312"),
+        (lambda: cron("* * * * 8"), "day of week 8 out of 0\u20137"),
+        (lambda: cron("0-70/5 * * * *"), "minute 70 out of 0\u201359"),
+        (lambda: cron("1,2,99 * * * *"), "minute 99 out of 0\u201359"),
+        (lambda: cron("60 * * * * *", seconds=True), "second 60 out of 0\u201359"),
+        (lambda: cron("* * * jan-foo *"), "month field 'jan-foo' is not valid"),
+        (lambda: cron("? * * * *"), "minute field '?' is not valid"),
+        (lambda: cron("@reboot"), "'@reboot': unknown alias (known: @yearly"),
         (lambda: cron("* * * *"), "4 fields, expected 5"),
-        (lambda: cron("0 0 * * * *"), "pass seconds=True"),
+        (lambda: cron("0 0 * * * *"), "6 fields, expected 5 (pass seconds=True for a seconds"),
+        (lambda: cron("0 0 * * *", seconds=True), "(seconds=True expects a seconds field first)"),
+        (lambda: every(milliseconds=0.5), "at least 1ms"),
+        (lambda: every(milliseconds=-1), "every(milliseconds=-1)"),
         (lambda: every(), "at least 1ms"),
         (lambda: every(seconds=-1), "every(seconds=-1)"),
         (lambda: every("soon"), "invalid interval: 'soon'"),

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import click
 
-from .._triggers import cron
+from .._triggers import parse_cron
 from .._walltime import as_timezone
 from ..errors import ConfigurationError
 from ._app import cli, handle_errors
@@ -21,9 +21,12 @@ from ._app import cli, handle_errors
 @handle_errors
 def next_(expression: str, timezone: str, count: int, seconds: bool, after: str | None) -> None:
     """Print the next fire times of a cron EXPRESSION, as the scheduler computes them
-    (same timezone and DST policy), with their UTC instants."""
+    (same timezone and DST policy), with their UTC instants.
+
+    EXPRESSION has 5 fields (6 with --seconds) or is an alias: @hourly, @daily,
+    @weekly, @monthly, @yearly."""
     tz = as_timezone(timezone)
-    trigger = cron(expression, seconds=seconds)
+    trigger = parse_cron(expression, seconds=seconds, flag="--seconds")
     start = datetime.now(UTC) if after is None else _parse_after(after, tz)
     for index in range(count):
         fire = trigger.next_fire(start, tz, expression)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
@@ -221,9 +222,17 @@ class OptionParser:
                 names = ", ".join(sorted([*self.known, *self.passthrough]))
                 raise InvalidOption(
                     f"unknown option {name!r} for {url.scheme}:// URL {url.masked!r}"
+                    f"{_did_you_mean(name, [*self.known, *self.passthrough])}"
                     f" (known options: {names})"
                 )
         return values, extra
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``": did you mean 'ttl'?"`` for the known option closest to a mistyped ``name``,
+    or ``""`` when none is close."""
+    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.6)
+    return f": did you mean {close[0]!r}?" if close else ""
 
 
 def quote_name(name: str) -> str:

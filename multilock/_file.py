@@ -172,14 +172,23 @@ class _FileCommon:
             state.lease._released = True  # type: ignore[attr-defined]  # closed: no longer held
             state.release()
 
+    def _scan(self) -> list[os.DirEntry[str]]:
+        try:
+            return list(os.scandir(self.directory))
+        except FileNotFoundError:
+            # As the first acquire does: make the directory; one that cannot be made fails.
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            return []
+
     def locks(self) -> list[LockInfo]:
         """The locks held in this directory, by any process, with their holders."""
         held_inodes = _flock_inodes()
         found: list[LockInfo] = []
         try:
-            entries = sorted(os.scandir(self.directory), key=lambda e: e.name)
-        except FileNotFoundError:
-            return []
+            entries = sorted(self._scan(), key=lambda e: e.name)
+        except OSError as exc:
+            message = f"cannot list lock directory {str(self.directory)!r}: {exc.strerror}"
+            raise BackendUnavailable(message) from None
         for entry in entries:
             if not entry.name.endswith(_SUFFIX):
                 continue

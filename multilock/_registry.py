@@ -71,8 +71,12 @@ def backend_for(scheme: str) -> Backend:
             return loaded  # type: ignore[no-any-return]
     if scheme in _EXTRAS:
         extra = _EXTRAS[scheme]
+        # Both forms work: the first from an index, the second with the core installed
+        # from a checkout of the repository (where the backends live under backends/).
         raise MissingBackend(
-            f"{scheme}:// needs the {extra} backend: pip install 'multilock[{extra}]'"
+            f"{scheme}:// needs the {extra} backend (distribution multilock-{extra}):"
+            f" pip install 'multilock[{extra}]', or from a checkout of multilock:"
+            f" pip install ./backends/{extra}"
         )
     raise UnknownScheme(
         f"no multilock backend for {scheme}:// (installed: "

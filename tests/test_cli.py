@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +135,9 @@ def test_demo_runs_every_tick_exactly_once_across_skewed_replicas() -> None:
     done = ml("demo", "--seconds", "4", "--replicas", "3", "--skew", "250")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8 ticks, 8 runs, 0 duplicates, 0 missed" in done.stdout
+    # One row per tick it counts: the replicas run no tick past --seconds.
+    rows = re.findall(r"^\d\d:\d\d:\d\d +\S+ +r\d", done.stdout, re.MULTILINE)
+    assert len(rows) == 8, done.stdout
 
 
 def test_demo_naive_shows_the_duplicates_of_a_late_replica() -> None:
@@ -165,7 +172,6 @@ def _free_port() -> int:
 
 
 def test_run_serves_a_users_scheduler_until_sigterm(tmp_path: Path) -> None:
-    import json
     import signal
     import time
     import urllib.request
@@ -229,3 +235,335 @@ def test_run_rejects_a_bad_lock_url(tmp_path: Path) -> None:
     line = one_line_error(done, 2)
     assert "bogus" in line
     assert "hunter2secret" not in done.stdout + done.stderr
+
+
+# --- the core alone: no test-only package behind the CLI, import multilock or Scheduler ---
+
+_TEST_ONLY = ("pytest", "_pytest", "pluggy", "hypothesis", "pytest_docker", "pytest_timeout")
+_WITHOUT_TEST_PACKAGES = f"""
+import importlib.abc
+import sys
+
+
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {_TEST_ONLY!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def without_test_packages(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter where pytest and its kin cannot be imported."""
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TEST_PACKAGES + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def ml_without_test_packages(*args: str) -> subprocess.CompletedProcess[str]:
+    """``multilock ARGS`` where pytest and its kin cannot be imported."""
+    return without_test_packages(
+        f"sys.argv = ['multilock', *{list(args)!r}]\nfrom multilock._cli import main\nmain()\n"
+    )
+
+
+def test_nothing_but_the_testing_plugin_imports_a_test_package() -> None:
+    done = without_test_packages(
+        f"""
+        import pkgutil, importlib, asyncio
+        import multilock
+        for info in pkgutil.walk_packages(multilock.__path__, "multilock."):
+            if not info.name.startswith(("multilock.testing", "multilock.__main__")):
+                importlib.import_module(info.name)
+        ran = []
+        scheduler = multilock.Scheduler("memory://core-alone", metrics=False)
+        scheduler.add_job(lambda: ran.append(1), multilock.every(milliseconds=600), name="j")
+        async def main():
+            async with scheduler:
+                while not ran:
+                    await asyncio.sleep(0.05)
+        asyncio.run(asyncio.wait_for(main(), 30))
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in {_TEST_ONLY!r})
+        assert not loaded, loaded
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["key", "nightly-reindex"],
+        ["next", "@daily", "-n", "1"],
+        *([command, "--help"] for command in ("run", "demo", "conformance", "locks", "next")),
+    ],
+)
+def test_the_cli_runs_without_test_packages(args: list[str]) -> None:
+    done = ml_without_test_packages(*args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout
+
+
+def test_conformance_without_pytest_says_what_to_install() -> None:
+    line = one_line_error(ml_without_test_packages("conformance", "memory://"), 2)
+    assert "needs pytest: pip install 'pytest>=8'" in line
+
+
+# --- every failure is one line --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["locks"], "Missing argument 'URL' (see 'multilock locks --help')"),
+        (["locks", "memory://", "--bogus"], "No such option '--bogus'"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (["demo", "--seconds", "0"], "Invalid value for '--seconds'"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], fragment: str) -> None:
+    assert fragment in one_line_error(ml(*args), 2)
+
+
+def test_a_drivers_multi_line_message_is_one_line() -> None:
+    done = ml("locks", f"postgresql://app:hunter2secret@127.0.0.1:{_free_port()}/app")
+    line = one_line_error(done, 1)
+    assert "backend unavailable" in line
+    assert "Connection refused" in line  # psycopg's first line; its hint joins it
+    assert "hunter2secret" not in done.stderr
+
+
+def test_kazoo_connection_logging_stays_out_of_the_error() -> None:
+    url = f"zookeeper://127.0.0.1:{_free_port()}/x?connect_timeout=1s"
+    assert "backend unavailable" in one_line_error(ml("locks", url), 1)
+
+
+@pytest.mark.parametrize(
+    ("module", "fragment"),
+    [
+        ("x = 1\ndef broken(:\n", "myapp_syntax.py:2: SyntaxError"),
+        ("raise RuntimeError('boom\\nsecond line')\n", "myapp_raises.py:1: RuntimeError: boom"),
+    ],
+)
+def test_run_reports_a_module_that_fails_to_import_in_one_line(
+    tmp_path: Path, module: str, fragment: str
+) -> None:
+    name = "myapp_syntax" if "SyntaxError" in fragment else "myapp_raises"
+    (tmp_path / f"{name}.py").write_text(module)
+    done = subprocess.run(
+        [sys.executable, "-m", "multilock", "run", f"{name}:scheduler"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+    assert fragment in one_line_error(done, 2)
+
+
+def test_an_unknown_url_option_suggests_the_closest() -> None:
+    line = one_line_error(ml("locks", "memory://?tll=30s"), 2)
+    assert "unknown option 'tll'" in line
+    assert "did you mean 'ttl'?" in line
+
+
+def test_a_redis_db_the_server_lacks_is_bad_input(redis_url: str) -> None:
+    base = redis_url.split("?")[0].rsplit("/", 1)[0]
+    line = one_line_error(ml("locks", f"{base}/99999"), 2)
+    assert "has no db 99999" in line
+
+
+@pytest.mark.parametrize(
+    ("path", "why"), [("/proc/multilock-nowhere", "No such file"), ("/etc/hostname", "Not a dir")]
+)
+def test_locks_on_an_unusable_directory_fails_as_acquiring_does(path: str, why: str) -> None:
+    line = one_line_error(ml("locks", f"file://{path}"), 1)
+    assert "backend unavailable" in line
+    assert why in line
+    with (
+        pytest.raises(multilock.errors.BackendUnavailable, match=why),
+        multilock.connect(f"file://{path}") as locker,
+    ):
+        locker.try_acquire("x")
+
+
+def test_next_hints_at_the_seconds_option_in_the_cli_spelling() -> None:
+    line = one_line_error(ml("next", "0 0 * * * *"), 2)
+    assert "pass --seconds for a seconds field first" in line
+    assert "seconds=True" not in line
+    line = one_line_error(ml("next", "61 * * * *"), 2)
+    assert "minute 61 out of 0\u201359" in line
+
+
+# --- multilock locks: formats, names, and lock data that is not to be trusted ---------------
+
+EVIL = "evil\x1b]0;pwned\x07[red]x[/red]\nfake\trow\u202e"
+EVIL_SHOWN = "evil\\x1b]0;pwned\\x07[red]x[/red]\\x0afake\\x09row\\u202e"
+
+
+def _on_a_terminal(*args: str) -> str:
+    """Run ``multilock ARGS`` with stdout on a pseudo-terminal; what it wrote."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1", "TERM": "xterm"}
+    chunks = []
+    with subprocess.Popen(
+        [sys.executable, "-m", "multilock", *args],
+        stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+    ) as process:  # fmt: skip
+        os.close(follower)
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        assert process.stderr is not None
+        errors = process.stderr.read()
+        assert process.wait(timeout=60) == 0, errors
+    return b"".join(chunks).decode()
+
+
+def test_locks_escapes_control_characters_and_markup_from_lock_data(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    with multilock.connect(url) as locker:
+        lease = locker.try_acquire(EVIL)
+        assert lease is not None
+        plain = ml("locks", url)
+        table = _on_a_terminal("locks", url)
+        as_json = ml("locks", url, "--json")
+    assert plain.returncode == 0, plain.stderr
+    (line,) = plain.stdout.splitlines()  # the newline in the name did not make a second row
+    assert line.split("\t")[0] == EVIL_SHOWN
+    assert "\x1b" not in plain.stdout
+    assert "\u202e" not in plain.stdout
+    assert EVIL_SHOWN in table  # the markup is shown as typed, not applied
+    assert "\x1b]" not in table  # styles, yes; the name's escape sequence, no
+    assert "\u202e" not in table
+    assert "│" in table  # a table, on a terminal
+
+    (row,) = json.loads(as_json.stdout)
+    assert row["name"] == EVIL  # JSON escapes by itself: the exact name, for programs
+
+
+def test_locks_names_postgres_keys_from_names_or_a_scheduler(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "jobs_for_locks.py").write_text(
+        "import multilock\n"
+        "scheduler = multilock.Scheduler('memory://')\n"
+        "scheduler.add_job(print, multilock.every(seconds=10), name='say-hello')\n"
+    )
+    key = multilock.advisory_key("say-hello")
+    with multilock.connect(postgres_url) as locker:
+        lease = locker.try_acquire("say-hello")
+        assert lease is not None
+
+        def listed(*extra: str) -> list[str]:
+            done = subprocess.run(
+                [sys.executable, "-m", "multilock", "locks", postgres_url, *extra],
+                cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                stdin=subprocess.DEVNULL, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return [line for line in done.stdout.splitlines() if f"\t{key}\t" in line]
+
+        unnamed, named, from_jobs = (
+            listed(),
+            listed("--names", "x,say-hello"),
+            listed("--jobs", "jobs_for_locks:scheduler"),
+        )
+    assert [line.split("\t")[0] for line in unnamed] == ["?"]
+    assert [line.split("\t")[0] for line in named] == ["say-hello"]
+    assert [line.split("\t")[0] for line in from_jobs] == ["say-hello"]
+
+
+# --- multilock demo: the lock URL stays off every replica's command line and environment ---
+
+
+def _children(pid: int) -> set[int]:
+    """The live descendants of ``pid``."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def test_demo_replicas_never_see_the_url_in_argv_or_environ(postgres_url: str) -> None:
+    secret = "hunter2secret"
+    url = re.sub(r"^postgresql://([^@:/]+)@", rf"postgresql://\1:{secret}@", postgres_url)
+    assert secret in url
+    process = subprocess.Popen(
+        [sys.executable, "-m", "multilock", "demo", "--lock", url, "--seconds", "2",
+         "--replicas", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    seen: dict[int, bytes] = {}
+    deadline = time.monotonic() + 90
+    try:
+        while process.poll() is None:
+            assert time.monotonic() < deadline, "the demo did not end"
+            for pid in _children(process.pid):
+                try:
+                    text = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    text += b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+                except OSError:
+                    continue  # ended meanwhile
+                if b"multilock._cli._replica" in text:
+                    seen[pid] = text
+            time.sleep(0.05)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, out + err
+    assert len(seen) == 2, seen.keys()
+    for text in seen.values():
+        assert secret.encode() not in text
+    assert secret not in out + err
+    assert "4 ticks, 4 runs, 0 duplicates, 0 missed" in out
+
+
+def test_a_failing_replica_is_one_line(tmp_path: Path) -> None:
+    directory = tmp_path / "locks"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "multilock", "demo", "--naive", "--lock", f"file://{directory}",
+         "--seconds", "2", "--replicas", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        header = process.stdout.readline()  # printed once the replicas are started
+        assert "2 replicas" in header, header
+        # Before the first tick (3 s away): the directory becomes a file, acquiring fails.
+        shutil.rmtree(directory)
+        directory.write_text("not a directory")
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    line = one_line_error(done, 1)
+    assert "failed: BackendUnavailable: cannot open lock file" in line

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -17,11 +18,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as a shell reports a command ended by SIGINT
 
 
-def fail(message: str, code: int = EXIT_FAILURE) -> None:
+def one_line(message: str) -> str:
+    """``message`` on one line: drivers' multi-line messages (psycopg's hint) joined."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     """Print ``error: message`` (one line, password-masked) to stderr and exit."""
-    click.echo(f"error: {mask_url(message)}", err=True)
+    click.echo(f"error: {one_line(mask_url(message))}", err=True)
     sys.exit(code)
 
 
@@ -38,7 +45,6 @@ def handle_errors(func: F) -> F:
             fail(f"backend unavailable: {exc}")
         except MultilockError as exc:
             fail(str(exc))
-        return None
 
     return wrapper  # type: ignore[return-value]
 
@@ -49,8 +55,34 @@ def cli() -> None:
     """Run scheduled jobs exactly once across the replicas of a service."""
 
 
+def _quiet_libraries() -> None:
+    """No log record reaches stderr unless a command asks for logs (``run`` does).
+
+    Without a handler, Python prints warnings through its last-resort handler:
+    kazoo's "Connection dropped" lines would come before the one-line error.
+    """
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``multilock`` script and ``python -m multilock``."""
-    from . import _conformance, _demo, _key, _locks, _next, _run  # noqa: F401  (registers)
+    # Each module registers its command; none imports pytest (`conformance` does, when run).
+    from . import _conformance, _demo, _key, _locks, _next, _run  # noqa: F401
 
-    cli.main(args=argv, prog_name="multilock")
+    _quiet_libraries()
+    try:
+        code = cli.main(args=argv, prog_name="multilock", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # `multilock` alone: the help, as click shows it
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "multilock"
+        fail(f"{exc.format_message().rstrip('.')} (see '{command} --help')", exc.exit_code)
+    except click.ClickException as exc:
+        fail(exc.format_message(), exc.exit_code)
+    except click.Abort:
+        fail("interrupted", EXIT_INTERRUPTED)
+    # --help and --version end with their exit code; commands return None.
+    sys.exit(code if isinstance(code, int) else 0)

@@ -6,15 +6,18 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import pytest
 from rich.console import Console
 from rich.table import Table
 
 from .._registry import connect
 from .._url import mask_url
-from ._app import EXIT_BAD_INPUT, EXIT_FAILURE, cli, handle_errors
+from ._app import EXIT_BAD_INPUT, EXIT_FAILURE, cli, fail, handle_errors
+
+if TYPE_CHECKING:
+    import pytest
 
 _ID = re.compile(r"::(?P<check>test_\w+)\[(?P<api>sync|async)-(?P<url>.*)\]$")
 
@@ -49,7 +52,12 @@ def conformance(urls: tuple[str, ...], keyword: str | None, exitfirst: bool, ver
 
     Every check runs against the sync and the async API. Exit code 0 when every
     check passes or does not apply, 1 when one fails, 2 on bad input.
+    Needs pytest, which the core does not install.
     """
+    try:
+        import pytest
+    except ImportError:
+        fail("multilock conformance needs pytest: pip install 'pytest>=8'", EXIT_BAD_INPUT)
     _check_urls(urls)
     results = _Results()
     with tempfile.TemporaryDirectory(prefix="multilock-conformance-") as tmp:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from .._registry import connect
 from .._url import mask_url
-from ._app import EXIT_FAILURE, cli, handle_errors
+from ._app import EXIT_FAILURE, cli, fail, handle_errors
 
 JOBS = ("nightly-reindex", "send-digest")
 STARTUP = 3.0  # seconds for the replicas to import and connect before the first tick
@@ -84,7 +86,7 @@ def demo(
     --naive holds the lock only while the job runs (the usual recipe) and shows
     the duplicates a late replica causes.
     """
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     with tempfile.TemporaryDirectory(prefix="multilock-demo-") as tmp:
         directory = Path(tmp)
         url = lock_url or f"file://{directory / 'locks'}"
@@ -92,21 +94,12 @@ def demo(
             locker.try_acquire("multilock-demo-probe")
         start = math.ceil(time.time() + STARTUP)
         offsets = _offsets(replicas, skew / 1000)
-        children = []
-        for index, offset in enumerate(offsets, 1):
-            command = [sys.executable, "-m", "multilock._cli._replica", "--lock", url]
-            command += ["--id", f"r{index}", "--offset", str(offset), "--start", str(start)]
-            command += [
-                "--seconds",
-                str(seconds),
-                "--record",
-                str(directory / f"replica-{index}.log"),
-            ]
-            command += ["--skew-tolerance", str(skew_tolerance / 1000)]
-            command += ["--naive", *JOBS] if naive else list(JOBS)
-            children.append(subprocess.Popen(command, stdin=subprocess.DEVNULL))
+        children = [
+            _start_replica(directory, url, index, offset, start, seconds, skew_tolerance, naive)
+            for index, offset in enumerate(offsets, 1)
+        ]
         pattern = "lock held only while running (naive)" if naive else "multilock scheduler"
-        console.print(f"[bold]{replicas} replicas[/bold], {pattern}, lock {mask_url(url)}")
+        console.print(f"[bold]{replicas} replicas[/bold], {pattern}, lock {escape(mask_url(url))}")
         console.print(
             "clock offsets: "
             + ", ".join(f"r{i} {o * 1000:+.0f} ms" for i, o in enumerate(offsets, 1))
@@ -130,12 +123,49 @@ def demo(
             for child in children:
                 child.terminate()
             raise
-        failed = [child.returncode for child in children if child.returncode != 0]
+        failed = [index for index, child in enumerate(children, 1) if child.returncode != 0]
         summary = _summary(_read(directory), start, seconds)
+        why = _last_line(directory / f"replica-{failed[0]}.err") if failed else ""
     console.print(summary)
     if failed:
-        click.echo(f"error: {len(failed)} replica(s) exited with an error", err=True)
-        sys.exit(EXIT_FAILURE)
+        names = ", ".join(f"r{index}" for index in failed)
+        fail(f"replica {names} failed: {why or 'no message'}", EXIT_FAILURE)
+
+
+def _start_replica(
+    directory: Path,
+    url: str,
+    index: int,
+    offset: float,
+    start: int,
+    seconds: int,
+    skew_tolerance: int,
+    naive: bool,
+) -> subprocess.Popen[bytes]:
+    """One replica process; it reads the URL from a pipe, never from argv or environ."""
+    command = [sys.executable, "-m", "multilock._cli._replica", "--id", f"r{index}"]
+    command += ["--offset", str(offset), "--start", str(start), "--seconds", str(seconds)]
+    command += ["--record", str(directory / f"replica-{index}.log")]
+    command += ["--skew-tolerance", str(skew_tolerance / 1000)]
+    command += ["--naive", *JOBS] if naive else list(JOBS)
+    reading, writing = os.pipe()
+    try:
+        with os.fdopen(writing, "w", encoding="utf-8") as pipe:
+            pipe.write(url)  # far below a pipe's buffer: written before the child reads
+        with (directory / f"replica-{index}.err").open("wb") as errors:
+            return subprocess.Popen(
+                [*command, "--lock-fd", str(reading)],
+                stdin=subprocess.DEVNULL,
+                stderr=errors,  # reported as one line if the replica fails
+                pass_fds=(reading,),
+            )
+    finally:
+        os.close(reading)
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def _row(console: Console, key: tuple[str, float], tick: _Tick) -> None:

@@ -1,10 +1,12 @@
 """One replica of ``multilock demo``: ``python -m multilock._cli._replica ...``.
 
-It runs the demo's jobs every second from ``--start`` for ``--seconds``, with
+It runs the demo's jobs every second from ``--start`` for ``--seconds`` ticks, with
 its clock shifted by ``--offset`` (a replica whose clock is early or late), and
 appends one line per tick to ``--record``: ``ran|skipped JOB FIRE REPLICA``.
 With ``--naive`` it runs the plain lock-while-running pattern instead of the
-scheduler, to show the duplicate runs a late replica causes.
+scheduler, to show the duplicate runs a late replica causes. The lock URL comes
+through the inherited pipe ``--lock-fd``: a password in it never shows in the
+process list nor in the environment.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from datetime import UTC, datetime
+import sys
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from .._clock import SystemClock
 from .._events import EventKind, JobEvent
 from .._registry import connect_async
 from .._scheduler import Scheduler
 from .._triggers import every
+from .._url import mask_url
+from ..errors import MultilockError
 
 JOB_SECONDS = 0.005  # a short job: the case where a late replica re-runs a tick
 
@@ -33,10 +39,23 @@ class _Record:
         os.write(self.fd, f"{outcome} {job} {fire:.3f} {self.replica}\n".encode())
 
 
-async def _scheduled(args: argparse.Namespace, record: _Record) -> None:
+class _Ticks:
+    """Every second from ``start``, ``count`` ticks, then no more: the demo's ticks."""
+
+    def __init__(self, start: datetime, count: int) -> None:
+        self._every = every(seconds=1, start=start)
+        self._last = start + timedelta(seconds=count - 1)
+
+    def next_fire(self, after: datetime, tz: ZoneInfo, seed: str) -> datetime | None:
+        """The next second after ``after``, up to the last tick."""
+        fire = self._every.next_fire(after, tz, seed)
+        return fire if fire is not None and fire <= self._last else None
+
+
+async def _scheduled(args: argparse.Namespace, url: str, record: _Record) -> None:
     clock = SystemClock(args.offset)
     scheduler = Scheduler(
-        args.lock,
+        url,
         clock=clock,
         skew_tolerance=args.skew_tolerance,
         misfire_grace=args.misfire_grace,
@@ -55,7 +74,7 @@ async def _scheduled(args: argparse.Namespace, record: _Record) -> None:
 
     start = datetime.fromtimestamp(args.start, UTC)
     for name in args.jobs:
-        scheduler.add_job(job, every(seconds=1, start=start), name=name)
+        scheduler.add_job(job, _Ticks(start, args.seconds), name=name)
     scheduler.add_listener(listen)
     # Hold the last tick as long as any other tick: a late replica must find it held.
     end = args.start + args.seconds - 1 + 2 * args.skew_tolerance + args.misfire_grace + 0.3
@@ -63,9 +82,9 @@ async def _scheduled(args: argparse.Namespace, record: _Record) -> None:
         await clock.sleep_until(end)
 
 
-async def _naive(args: argparse.Namespace, record: _Record) -> None:
+async def _naive(args: argparse.Namespace, url: str, record: _Record) -> None:
     clock = SystemClock(args.offset)
-    async with connect_async(args.lock) as locker:
+    async with connect_async(url) as locker:
 
         async def loop(name: str) -> None:
             for tick in range(args.seconds):
@@ -85,7 +104,7 @@ async def _naive(args: argparse.Namespace, record: _Record) -> None:
 def main() -> None:
     """Parse the parent's arguments and run until the last tick."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--lock", required=True)
+    parser.add_argument("--lock-fd", type=int, required=True)
     parser.add_argument("--id", required=True)
     parser.add_argument("--offset", type=float, default=0.0)
     parser.add_argument("--start", type=float, required=True)
@@ -96,8 +115,14 @@ def main() -> None:
     parser.add_argument("--naive", action="store_true")
     parser.add_argument("jobs", nargs="+")
     args = parser.parse_args()
+    with os.fdopen(args.lock_fd, encoding="utf-8") as pipe:
+        url = pipe.read()
     record = _Record(args.record, args.id)
-    asyncio.run(_naive(args, record) if args.naive else _scheduled(args, record))
+    try:
+        asyncio.run(_naive(args, url, record) if args.naive else _scheduled(args, url, record))
+    except MultilockError as exc:
+        print(f"{type(exc).__name__}: {mask_url(str(exc))}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

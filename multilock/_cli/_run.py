@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,6 +72,11 @@ def load_scheduler(target: str) -> Scheduler:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module's own code failed: one line, with where
+        detail = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        raise ConfigurationError(
+            f"importing module {module_name!r} failed: {_where(exc)}{type(exc).__name__}: {detail}"
+        ) from None
     found: Any = module
     for part in attr.split("."):
         try:
@@ -80,6 +86,14 @@ def load_scheduler(target: str) -> Scheduler:
     if not isinstance(found, Scheduler):
         raise ConfigurationError(f"{target} is a {type(found).__name__}, not a multilock.Scheduler")
     return found
+
+
+def _where(exc: Exception) -> str:
+    """``file:line: `` of the innermost frame that raised ``exc`` (or of a syntax error)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}: "
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
 def _configure_logging(fmt: str, level: str) -> None:

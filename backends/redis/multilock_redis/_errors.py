@@ -5,7 +5,7 @@ from __future__ import annotations
 from redis import exceptions as rex
 
 from multilock.backend import LockURL
-from multilock.errors import BackendUnavailable, MultilockError
+from multilock.errors import BackendUnavailable, InvalidURL, MultilockError
 
 __all__ = ["REDIS_ERRORS", "translate"]
 
@@ -26,6 +26,10 @@ def translate(exc: BaseException, url: LockURL, doing: str) -> MultilockError:
     """
     detail = url.redact(str(exc)) or type(exc).__name__
     message = f"redis at {url.masked} failed while {doing}: {detail}"
+    if isinstance(exc, rex.ResponseError) and "DB index is out of range" in str(exc):
+        # SELECT refused: the URL names a database the server does not have. Bad input.
+        db = url.options.get("db") or url.path.strip("/")
+        return InvalidURL(f"invalid Redis URL {url.masked!r}: the server has no db {db}")
     if isinstance(exc, rex.ResponseError) and not isinstance(exc, _TRANSIENT):
         return MultilockError(message)
     return BackendUnavailable(message)

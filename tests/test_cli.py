@@ -383,16 +383,19 @@ def test_a_redis_db_the_server_lacks_is_bad_input(redis_url: str) -> None:
     assert "has no db 99999" in line
 
 
-@pytest.mark.parametrize(
-    ("path", "why"), [("/proc/multilock-nowhere", "No such file"), ("/etc/hostname", "Not a dir")]
-)
-def test_locks_on_an_unusable_directory_fails_as_acquiring_does(path: str, why: str) -> None:
-    line = one_line_error(ml("locks", f"file://{path}"), 1)
+@pytest.mark.parametrize(("path", "why"), [("nowhere", "No such file"), ("a-file", "Not a dir")])
+def test_locks_on_an_unusable_directory_fails_as_acquiring_does(
+    tmp_path: Path, path: str, why: str
+) -> None:
+    # A directory that cannot be made (under /proc), and a path that is a file.
+    (tmp_path / "a-file").write_text("")
+    where = f"/proc/multilock-{path}" if path == "nowhere" else str(tmp_path / path)
+    line = one_line_error(ml("locks", f"file://{where}"), 1)
     assert "backend unavailable" in line
     assert why in line
     with (
         pytest.raises(multilock.errors.BackendUnavailable, match=why),
-        multilock.connect(f"file://{path}") as locker,
+        multilock.connect(f"file://{where}") as locker,
     ):
         locker.try_acquire("x")
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_acl, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from multilock.backend import LockURL, OptionParser, as_duration, as_str
 from multilock.errors import InvalidOption, InvalidURL
@@ -131,17 +131,15 @@ class Config:
     def acl(self) -> list[ACL]:
         """The ACL of lock nodes and of the parents we create.
 
-        With credentials: everything for our digest identity, read for the world.
-        ZooKeeper checks DELETE (and CREATE) on the *parent*, so the parent's ACL
-        is what stops a client without our credentials from deleting our locks.
-        Without credentials the tree is open, as ZooKeeper's default.
+        With credentials: everything for our digest identity, nothing for anyone
+        else -- not even reading, since a lock node records its holder's host, pid
+        and token. ZooKeeper checks DELETE (and CREATE) on the *parent*, so the
+        parent's ACL is what stops a client without our credentials from deleting
+        our locks. Without credentials the tree is open, as ZooKeeper's default.
         """
         if self.username is None or self.password is None:
             return list(OPEN_ACL_UNSAFE)
-        return [
-            make_digest_acl(self.username, self.password, all=True),
-            make_acl("world", "anyone", read=True),
-        ]
+        return [make_digest_acl(self.username, self.password, all=True)]
 
     def node_path(self, quoted: str) -> str:
         """The znode of a lock whose name was escaped by ``quote_name``."""

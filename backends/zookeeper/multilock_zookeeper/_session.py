@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
@@ -33,12 +33,12 @@ from multilock.abc import LockInfo
 from multilock.backend import new_token, quote_name
 from multilock.errors import LockLost, MultilockError, NotOwner
 
-from ._acl import acl_problem
+from ._acl import acl_problem, acl_unreadable
 from ._batch import Batch, Create, Node
 from ._config import Config
 from ._errors import OUTCOME_UNKNOWN, shown, unavailable
 from ._logs import kazoo_logger
-from ._records import lock_info, node_value
+from ._records import hidden_lock_info, lock_info, node_value
 
 __all__ = ["Session"]
 
@@ -140,6 +140,9 @@ class Session:
             acls, _ = result.get_nowait()
         except NoNodeError:
             acls = []  # the first lock creates the root, with our ACL
+        except NoAuthError:
+            self._live.set_exception(acl_unreadable(self.config))
+            return
         except Exception as exc:
             self._live.set_exception(unavailable(self.config.url, "reading the chroot's ACL", exc))
             return
@@ -399,6 +402,9 @@ class Session:
                 value, stat = result.get_nowait()
             except NoNodeError:
                 continue  # released meanwhile
+            except NoAuthError:
+                infos.append(hidden_lock_info(self.config.node_path(child), child))
+                continue
             except Exception as exc:
                 raise unavailable(self.config.url, "reading locks", exc) from None
             infos.append(lock_info(self.config.node_path(child), child, value, stat))

@@ -77,7 +77,7 @@ def test_credentials_from_the_url_or_options() -> None:
     as_options = config("zookeeper://h/x", username="app", password="s3cret")
     assert in_url.auth_data == as_options.auth_data == [("digest", "app:s3cret")]
     perms = sorted((acl.id.scheme, acl.perms) for acl in in_url.acl)
-    assert perms == [("digest", 31), ("world", 1)]  # all for us, read for everyone
+    assert perms == [("digest", 31)]  # all for us, nothing (not even read) for others
 
 
 @pytest.mark.parametrize(

@@ -29,9 +29,7 @@ class _ZooKeeperHooks:
         if client_id is None:
             raise RuntimeError("the locker has no session to expire")
         config = Config.from_url(url)
-        intruder = KazooClient(
-            hosts=config.hosts, timeout=config.session_timeout, client_id=client_id
-        )
+        intruder = KazooClient(**config.connection_options(), client_id=client_id)
         try:
             intruder.start(timeout=config.connect_timeout)
             intruder.stop()

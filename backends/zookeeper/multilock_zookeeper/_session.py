@@ -37,7 +37,7 @@ from ._acl import acl_problem, acl_unreadable
 from ._batch import Batch, Create, Node
 from ._config import Config
 from ._errors import OUTCOME_UNKNOWN, shown, unavailable
-from ._logs import kazoo_logger
+from ._logs import KazooLog
 from ._records import hidden_lock_info, lock_info, node_value
 
 __all__ = ["Session"]
@@ -51,9 +51,10 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self._log = KazooLog(config)
         self.client = KazooClient(
             **config.kazoo_options(),
-            logger=kazoo_logger(config),
+            logger=self._log,
             # Reconnect promptly after an outage (kazoo's default backs off to an hour).
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
@@ -102,7 +103,9 @@ class Session:
         if live.ready() and not live.successful():
             raise live.exception
         raise unavailable(
-            self.config.url, f"connecting within {self.config.connect_timeout:g}s"
+            self.config.url,
+            f"connecting within {self.config.connect_timeout:g}s",
+            last=self._log.last_warning,
         ) from None
 
     def _on_state(self, state: str) -> None:
@@ -118,6 +121,7 @@ class Session:
             self._dropped("the ZooKeeper session expired or was closed", expired=True)
 
     def _connected(self) -> None:
+        self._log.last_warning = None
         client_id = self.client.client_id
         session_id = client_id[0] if client_id else None
         with self._guard:

@@ -20,9 +20,7 @@ from multilock_zookeeper._config import Config
 def other_identity(zookeeper_url: str) -> Iterator[KazooClient]:
     """A kazoo client authenticated as another digest user than the tests' lockers."""
     config = Config.from_url(LockURL.parse(zookeeper_url))
-    client = KazooClient(
-        hosts=config.hosts, timeout=config.session_timeout, auth_data=[("digest", "other:pw")]
-    )
+    client = KazooClient(**config.connection_options(), auth_data=[("digest", "other:pw")])
     client.start(timeout=config.connect_timeout)
     try:
         yield client

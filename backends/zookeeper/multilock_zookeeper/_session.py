@@ -55,8 +55,10 @@ class Session:
         self.client = KazooClient(
             **config.kazoo_options(),
             logger=self._log,
-            # Reconnect promptly after an outage (kazoo's default backs off to an hour).
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+            # Reconnect promptly after an outage (kazoo's default backs off to an hour),
+            # and at once after a dropped connection: with suspended=keep, an expired
+            # session is only learnt on reconnecting, and its leases are lost meanwhile.
+            connection_retry=KazooRetry(max_tries=-1, delay=0.01, backoff=2, max_delay=1.0),
         )
         self._guard = threading.Lock()
         self._started = False

@@ -24,7 +24,7 @@ from kazoo.handlers.threading import SequentialThreadingHandler
 from multilock.backend import LockURL, as_bool, as_str
 from multilock.errors import InvalidOption
 
-__all__ = ["TLS", "TLS_CONVERTERS", "TLSHandler", "parse_tls"]
+__all__ = ["TLS", "TLS_CONVERTERS", "TLSHandler", "parse_tls", "tls_connect"]
 
 TLS_CONVERTERS = {
     "use_ssl": as_bool,
@@ -54,14 +54,21 @@ class TLSHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo is 
         **_kazoo_tls: object,  # kazoo's own TLS arguments: the context has them
     ) -> ssl.SSLSocket:
         """Connect to ``address`` and shake hands as ``hostname`` within ``timeout``."""
-        sock = socket.create_connection(address, timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # A handshake that fails closes the TLS socket (connected before wrapping).
-            return self.context.wrap_socket(sock, server_hostname=hostname)
-        except BaseException:
-            sock.close()
-            raise
+        return tls_connect(self.context, address, hostname, timeout)
+
+
+def tls_connect(
+    context: ssl.SSLContext, address: tuple[str, int], hostname: str | None, timeout: float | None
+) -> ssl.SSLSocket:
+    """A TCP connection to ``address``, TLS-wrapped by ``context`` as ``hostname``."""
+    sock = socket.create_connection(address, timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A handshake that fails closes the TLS socket (connected before wrapping).
+        return context.wrap_socket(sock, server_hostname=hostname)
+    except BaseException:
+        sock.close()
+        raise
 
 
 @dataclass(frozen=True, repr=False)

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -20,8 +20,7 @@ from multilock.errors import BackendUnavailable
 from multilock.testing import apoll
 from multilock.testing import poll as _poll
 
-if TYPE_CHECKING:
-    from tests.conftest import PrivateZooKeeper
+from .conftest import PrivateZooKeeper
 
 pytestmark = pytest.mark.faults
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -22,8 +22,7 @@ from multilock.backend import LockURL
 from multilock_zookeeper._config import Config
 from multilock_zookeeper._expire import end_session as _end_session
 
-if TYPE_CHECKING:
-    from tests.conftest import PrivateZooKeeper
+from .conftest import PrivateZooKeeper
 
 AT_ONCE = 0.1
 """Seconds from the server ending the session to ``lost``: the bound of issue 16."""

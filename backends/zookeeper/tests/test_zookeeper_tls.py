@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -21,8 +21,7 @@ from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
 from multilock_zookeeper import backend
 
-if TYPE_CHECKING:
-    from tests.conftest import PrivateZooKeeper
+from .conftest import PrivateZooKeeper
 
 pytestmark = pytest.mark.faults
 

@@ -10,6 +10,7 @@ client certificate.
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 import uuid
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.faults
 PROMPT = 3.0  # what a refused connection may take on a loaded machine
 CLIENT = "multilock-client"  # the test client certificate's CN
 KEY_PASSWORD = "K3y-pa55phrase"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends" / "postgres.md"
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +188,18 @@ def test_a_client_certificate_with_an_encrypted_key(
     assert KEY_PASSWORD not in settings.conninfo
     assert settings.connect_kwargs()["sslpassword"] == KEY_PASSWORD
     assert KEY_PASSWORD not in repr(settings)
+
+
+def test_the_url_of_the_documentation_works(tls_server: PrivateServer, test_ca: Path) -> None:
+    if not PAGE.exists():
+        pytest.skip("docs/ is not here (not a checkout of the repository)")
+    section = PAGE.read_text().split("\n## TLS\n", 1)[1].split("\n## ", 1)[0]
+    documented = LockURL.parse(re.findall(r"^postgresql://\S+$", section, re.M)[0])
+    # Its options as they are, its files from the test CA; our server, role and database.
+    options = {
+        k: v.replace("/etc/multilock/", f"{test_ca}/") for k, v in documented.options.items()
+    }
+    assert works(tls_server, url(tls_server, **options))
 
 
 def test_a_root_certificate_without_a_mode_means_verify_full(

@@ -9,6 +9,7 @@ of the right CA for another name is refused unless the URL turns the check off.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,13 @@ from urllib.parse import urlencode
 import pytest
 
 import multilock
+from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
 from multilock_redis import RedisLease
 
 pytestmark = pytest.mark.faults
+
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends" / "redis.md"
 
 TIMEOUT = 1.0  # socket and connect timeouts of the lockers under test
 PROMPT = TIMEOUT + 1.5  # what a refused connection may take on a loaded machine
@@ -111,3 +115,15 @@ def test_a_server_that_wants_a_client_certificate(mutual_tls_redis: Any, test_ca
 
 def test_plain_redis_to_a_tls_port_fails_promptly(tls_redis: Any) -> None:
     refused(f"redis://127.0.0.1:{tls_redis.port}/0?socket_timeout={TIMEOUT}")
+
+
+def test_the_url_of_the_documentation_works(tls_redis: Any, test_ca: Path) -> None:
+    if not PAGE.exists():
+        pytest.skip("docs/ is not here (not a checkout of the repository)")
+    section = PAGE.read_text().split("\n## TLS\n", 1)[1].split("\n## ", 1)[0]
+    documented = LockURL.parse(re.findall(r"^rediss://\S+$", section, re.M)[0])
+    # Its options as they are, its files from the test CA; our server (no ACL user).
+    options = {
+        k: v.replace("/etc/multilock/", f"{test_ca}/") for k, v in documented.options.items()
+    }
+    works(f"rediss://localhost:{tls_redis.port}{documented.path}?{urlencode(options)}")

@@ -8,6 +8,7 @@ another name signed by the same CA) and needs a client certificate unless told n
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,8 @@ from multilock_zookeeper import backend
 from .conftest import PrivateZooKeeper
 
 pytestmark = pytest.mark.faults
+
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends" / "zookeeper.md"
 
 CONNECT_TIMEOUT = 2.0
 PROMPT = CONNECT_TIMEOUT + 1.5  # what a refused connection may take on a loaded machine
@@ -155,3 +158,23 @@ def test_plain_tcp_to_a_tls_port_fails_promptly(
 ) -> None:
     server = private_zookeeper(tls=test_ca)
     refused(f"zookeeper://127.0.0.1:{server.port}/tls?connect_timeout={CONNECT_TIMEOUT}")
+
+
+def test_the_url_of_the_documentation_works(
+    private_zookeeper: Callable[..., PrivateZooKeeper], test_ca: Path
+) -> None:
+    if not PAGE.exists():
+        pytest.skip("docs/ is not here (not a checkout of the repository)")
+    section = PAGE.read_text().split("\n## TLS\n", 1)[1].split("\n## ", 1)[0]
+    documented = LockURL.parse(re.findall(r"^zookeeper://\S+$", section, re.M)[0])
+    server = private_zookeeper(tls=test_ca)
+    # Its options as they are, its files from the test CA; its credentials, our server.
+    options = {
+        k: v.replace("/etc/multilock/", f"{test_ca}/") for k, v in documented.options.items()
+    }
+    userinfo = f"{documented.username}:{documented.password}"
+    url = f"zookeeper://{userinfo}@localhost:{server.port}/docs?{urlencode(options)}"
+    with multilock.connect(url) as locker:
+        lease = locker.try_acquire("job")
+        assert lease is not None
+        assert lease.release() is True

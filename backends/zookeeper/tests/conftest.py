@@ -64,16 +64,27 @@ def make_url(zookeeper_url: str, chroot: str) -> Callable[..., str]:
 
 
 @pytest.fixture
-def admin(zookeeper_url: str) -> Iterator[KazooClient]:
-    """A plain kazoo client without credentials, as another application would have."""
+def kazoo_client(zookeeper_url: str) -> Iterator[Callable[..., KazooClient]]:
+    """``kazoo_client(**kwargs)``: a started plain kazoo client of the test server (as
+    another application would have one), stopped after the test."""
     config = Config.from_url(LockURL.parse(zookeeper_url))
-    client = KazooClient(**config.connection_options())
-    client.start(timeout=config.connect_timeout)
-    try:
-        yield client
-    finally:
+    clients: list[KazooClient] = []
+
+    def make(**kwargs: Any) -> KazooClient:
+        clients.append(KazooClient(**config.connection_options(), **kwargs))
+        clients[-1].start(timeout=config.connect_timeout)
+        return clients[-1]
+
+    yield make
+    for client in clients:
         client.stop()
         client.close()
+
+
+@pytest.fixture
+def admin(kazoo_client: Callable[..., KazooClient]) -> KazooClient:
+    """A plain kazoo client without credentials, as another application would have."""
+    return kazoo_client()
 
 
 def _unavailable(config: pytest.Config, message: str) -> None:

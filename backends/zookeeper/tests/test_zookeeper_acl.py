@@ -4,7 +4,7 @@ ACL; READ on the node itself)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from kazoo.client import KazooClient
@@ -17,16 +17,9 @@ from multilock_zookeeper._config import Config
 
 
 @pytest.fixture
-def other_identity(zookeeper_url: str) -> Iterator[KazooClient]:
+def other_identity(kazoo_client: Callable[..., KazooClient]) -> KazooClient:
     """A kazoo client authenticated as another digest user than the tests' lockers."""
-    config = Config.from_url(LockURL.parse(zookeeper_url))
-    client = KazooClient(**config.connection_options(), auth_data=[("digest", "other:pw")])
-    client.start(timeout=config.connect_timeout)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
+    return kazoo_client(auth_data=[("digest", "other:pw")])
 
 
 def test_others_cannot_delete_our_node_or_take_the_lock(

@@ -76,23 +76,33 @@ def test_a_verified_server_works_by_name_and_by_address(
             assert lease.release() is True
 
 
-def test_async_api_over_tls_and_an_expired_session_fires_lost(
+def test_async_api_over_tls(
     private_zookeeper: Callable[..., PrivateZooKeeper], test_ca: Path
 ) -> None:
-    server = private_zookeeper(tls=test_ca)
-    url = tls_url(server, test_ca, suspended="keep")
+    url = tls_url(private_zookeeper(tls=test_ca), test_ca)
 
     async def main() -> None:
         async with multilock.connect_async(url) as locker:
-            lease = await locker.try_acquire("job")
-            assert lease is not None
-            # The conformance hook attaches to the session over TLS too.
-            await asyncio.to_thread(
-                backend.conformance.break_lease, LockURL.parse(url), locker, lease
-            )
-            assert "expired" in await asyncio.wait_for(lease.lost, BOUND)
+            leases = [await locker.try_acquire("job")]
+            leases += (await locker.try_acquire_many(["a", "b"])).values()
+            for lease in leases:
+                assert lease is not None
+                assert await lease.release() is True
 
     asyncio.run(main())
+
+
+def test_a_session_ended_over_tls_fires_lost(
+    private_zookeeper: Callable[..., PrivateZooKeeper], test_ca: Path
+) -> None:
+    url = tls_url(private_zookeeper(tls=test_ca), test_ca, suspended="keep")
+    with multilock.connect(url) as locker:
+        lease = locker.try_acquire("job")
+        assert lease is not None
+        # The conformance hook reaches the session over TLS too.
+        backend.conformance.break_lease(LockURL.parse(url), locker, lease)
+        assert lease.lost.wait(BOUND)
+        assert "expired" in str(lease.lost.reason)
 
 
 def test_the_digest_password_does_not_cross_the_network_in_clear(

@@ -28,8 +28,6 @@ from multilock_postgres._config import parse_settings
 
 from .conftest import PrivateServer
 
-pytestmark = pytest.mark.faults
-
 PROMPT = 3.0  # what a refused connection may take on a loaded machine
 CLIENT = "multilock-client"  # the test client certificate's CN
 KEY_PASSWORD = "K3y-pa55phrase"

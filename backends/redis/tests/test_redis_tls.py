@@ -22,8 +22,6 @@ from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
 from multilock_redis import RedisLease
 
-pytestmark = pytest.mark.faults
-
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends" / "redis.md"
 
 TIMEOUT = 1.0  # socket and connect timeouts of the lockers under test

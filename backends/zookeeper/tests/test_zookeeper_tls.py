@@ -24,8 +24,6 @@ from multilock_zookeeper import backend
 
 from .conftest import PrivateZooKeeper
 
-pytestmark = pytest.mark.faults
-
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends" / "zookeeper.md"
 
 CONNECT_TIMEOUT = 2.0

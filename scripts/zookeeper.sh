@@ -19,6 +19,12 @@
 # restart a private server with its sessions). A short
 # tickTime lets tests ask for session timeouts down to 2 x tickTime = 400 ms;
 # maxSessionTimeout is raised so multilock's 10 s default is not clamped.
+#
+# TLS (a private server of the TLS tests): MULTILOCK_ZK_TLS_DIR names a directory made by
+# scripts/test-ca; the server then listens on the port with TLS only (Netty,
+# secureClientPort), presents $MULTILOCK_ZK_TLS_DIR/${MULTILOCK_ZK_TLS_CERT:-server}.pem,
+# and asks clients for a certificate signed by its ca.crt per MULTILOCK_ZK_TLS_CLIENT_AUTH
+# (need, want or none; default need).
 set -euo pipefail
 
 PORT="${MULTILOCK_ZK_PORT:-2181}"
@@ -27,13 +33,24 @@ PIDFILE="$STATE/zookeeper.pid"
 JAR=/usr/share/java/zookeeper.jar
 WAIT_SECONDS="${MULTILOCK_ZK_WAIT:-60}"
 KEEP_DATA="${MULTILOCK_ZK_KEEP_DATA:-0}" # 1: restart on the same data (fault tests)
+TLS_DIR="${MULTILOCK_ZK_TLS_DIR:-}"
+TLS_CERT="${MULTILOCK_ZK_TLS_CERT:-server}"
+TLS_CLIENT_AUTH="${MULTILOCK_ZK_TLS_CLIENT_AUTH:-need}"
 
 log() { echo "zookeeper.sh: $*" >&2; }
 
 # ruok over bash's /dev/tcp, in a subshell: no netcat needed on a fresh machine, and a
-# refused connection neither prints nor leaks a descriptor.
+# refused connection neither prints nor leaks a descriptor. Over TLS: openssl s_client,
+# with the test CA's client certificate.
 answers() {
     local reply
+    if [ -n "$TLS_DIR" ]; then
+        reply="$(printf 'ruok' | timeout 5 openssl s_client -quiet \
+            -connect "127.0.0.1:$PORT" -CAfile "$TLS_DIR/ca.crt" \
+            -cert "$TLS_DIR/client.crt" -key "$TLS_DIR/client.key" 2>/dev/null)" || return 1
+        [ "$reply" = "imok" ]
+        return
+    fi
     reply="$( (
         exec 3<>"/dev/tcp/127.0.0.1/$PORT" || exit 1
         printf 'ruok' >&3
@@ -72,8 +89,7 @@ tickTime=200
 minSessionTimeout=400
 maxSessionTimeout=60000
 dataDir=$STATE/data
-clientPort=$PORT
-clientPortAddress=127.0.0.1
+$(listen_config)
 maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,stat,conf,mntr,cons
@@ -85,6 +101,24 @@ log4j.appender.FILE=org.apache.log4j.FileAppender
 log4j.appender.FILE.File=$STATE/zookeeper.log
 log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
 log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n
+EOF
+}
+
+# Where clients connect: the plain port, or (MULTILOCK_ZK_TLS_DIR) the TLS one only.
+listen_config() {
+    if [ -z "$TLS_DIR" ]; then
+        printf 'clientPort=%s\nclientPortAddress=127.0.0.1\n' "$PORT"
+        return
+    fi
+    cat <<EOF
+secureClientPort=$PORT
+secureClientPortAddress=127.0.0.1
+serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
+ssl.keyStore.location=$TLS_DIR/$TLS_CERT.pem
+ssl.keyStore.type=PEM
+ssl.trustStore.location=$TLS_DIR/ca.crt
+ssl.trustStore.type=PEM
+ssl.clientAuth=$TLS_CLIENT_AUTH
 EOF
 }
 
@@ -122,6 +156,11 @@ start() {
     install_zookeeper
     write_config
     local classpath="$JAR:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
+    # Netty (the TLS server) needs these beside the jars zookeeper.jar's manifest lists.
+    local jar
+    for jar in netty-codec netty-resolver netty-transport-native-unix-common; do
+        classpath="$classpath:/usr/share/java/$jar.jar"
+    done
     # setsid: the server outlives this script but not a `stop`; no JMX, small heap.
     setsid java -Xms64m -Xmx256m -XX:+UseSerialGC \
         -Dlog4j.configuration="file:$STATE/log4j.properties" \

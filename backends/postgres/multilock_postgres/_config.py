@@ -85,15 +85,18 @@ _OPTIONS = OptionParser(
 _IDENT = r"[a-z_][a-z0-9_$]*"
 _SEQUENCE = re.compile(rf"{_IDENT}(?:\.{_IDENT})?")
 _NAMEDATALEN = 63  # the server truncates application_name to this many bytes
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 @dataclass(frozen=True, repr=False)
 class Settings:
-    """What a locker needs from its URL. ``conninfo`` never holds the password."""
+    """What a locker needs from its URL. ``conninfo`` never holds the password, nor
+    the TLS key's (``sslpassword``)."""
 
     url: LockURL
     conninfo: str
     password: str | None = field(compare=False)
+    sslpassword: str | None = field(compare=False)
     health_interval: float
     health_timeout: float
     fencing_sequence: str | None
@@ -102,7 +105,7 @@ class Settings:
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``psycopg.Connection.connect`` besides the conninfo."""
-        return {"password": self.password, "autocommit": True}
+        return {"password": self.password, "sslpassword": self.sslpassword, "autocommit": True}
 
     def __repr__(self) -> str:
         return f"Settings({self.url.masked!r})"
@@ -112,6 +115,22 @@ def default_application_name() -> str:
     """``multilock <host> pid <pid>``: who holds a lock, as pg_stat_activity shows it."""
     name = f"multilock {socket.gethostname()} pid {os.getpid()}"
     return name.encode()[:_NAMEDATALEN].decode(errors="ignore")
+
+
+def _check_sslmode(url: LockURL, params: dict[str, Any]) -> None:
+    """Refuse an sslmode libpq does not know, now rather than at each connect; and
+    verify the server fully when the URL names a root certificate without a mode
+    (libpq's default, ``prefer``, would neither verify it nor insist on TLS)."""
+    mode = params.get("sslmode")
+    if mode is None:
+        if params.get("sslrootcert") and "PGSSLMODE" not in os.environ:
+            params["sslmode"] = "verify-full"
+        return
+    if mode not in _SSLMODES:
+        raise InvalidOption(
+            f"invalid value for option 'sslmode' of {url.scheme}:// URL: expected one of"
+            f" {', '.join(_SSLMODES)}, got {mode!r}"
+        )
 
 
 def parse_settings(url: LockURL) -> Settings:
@@ -125,6 +144,7 @@ def parse_settings(url: LockURL) -> Settings:
             " is not a sequence name (name or schema.name in lower case: letters, digits, _ and $)"
         )
     password = libpq.pop("password", url.password)
+    sslpassword = libpq.pop("sslpassword", None)
     interval = float(values["health_interval"])
     params: dict[str, Any] = {
         "host": ",".join(host for host, _ in url.hosts) or None,
@@ -145,6 +165,7 @@ def parse_settings(url: LockURL) -> Settings:
         # Advisory locks taken on a standby do not exclude holders on the primary.
         params["target_session_attrs"] = "read-write"
     params.update(libpq)
+    _check_sslmode(url, params)
     if params["port"] is not None and not params["port"].strip(","):
         params["port"] = None
     try:
@@ -158,6 +179,7 @@ def parse_settings(url: LockURL) -> Settings:
         url=url,
         conninfo=conninfo,
         password=password,
+        sslpassword=sslpassword,
         health_interval=interval,
         health_timeout=float(values["health_timeout"]),
         fencing_sequence=sequence if values["fencing"] else None,

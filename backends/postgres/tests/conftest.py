@@ -2,18 +2,26 @@
 
 The server comes from ``MULTILOCK_POSTGRES_URL`` (default: the local test
 database) through :func:`multilock.testing.server_url`, which skips when it is
-down -- or fails when backends are required, as in CI.
+down -- or fails when backends are required, as in CI. Tests that restart a
+server or need TLS get a private cluster (``private_server``), with certificates
+of a throwaway CA made by the repository's ``scripts/test-ca`` (``test_ca``).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import select
+import shutil
+import signal
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -21,10 +29,11 @@ import psycopg
 import pytest
 
 from multilock.backend import LockURL
-from multilock.testing import server_url
+from multilock.testing import require_backends, server_url
 from multilock_postgres._config import parse_settings
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
 @pytest.fixture(scope="session")
@@ -155,3 +164,141 @@ def frozen_proxy(postgres_url: str) -> Iterator[FreezableProxy]:
     proxy = FreezableProxy(url.host or "127.0.0.1", url.port or 5432)
     yield proxy
     proxy.close()
+
+
+@pytest.fixture(scope="session")
+def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
+    directory = tmp_path_factory.mktemp("tls") / "ca"
+    try:
+        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        message = f"cannot make the test CA with scripts/test-ca: {exc}"
+        if require_backends(request.config):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return directory
+
+
+def _bindir() -> Path | None:
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        found = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        if found.returncode == 0 and (Path(found.stdout.strip()) / "initdb").exists():
+            return Path(found.stdout.strip())
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return versions[-1].parent if versions else None
+
+
+class PrivateServer:
+    """A PostgreSQL cluster in a temporary directory, on a free port, that a test may
+    stop, start and reconfigure. As root it runs as the ``postgres`` user (the server
+    refuses root)."""
+
+    def __init__(self, bindir: Path) -> None:
+        self._bindir = bindir
+        self._user: str | None = None
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError:
+                pytest.skip("running as root and there is no postgres user to run a server as")
+            self._user = "postgres"
+        self.directory = Path(tempfile.mkdtemp(prefix="multilock-pg-"))
+        if self._user:
+            shutil.chown(self.directory, self._user)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._process: subprocess.Popen[bytes] | None = None
+        subprocess.run(
+            [
+                *(str(bindir / "initdb"), "-D", str(self.directory / "data")),
+                *("-A", "trust", "-U", "postgres", "--no-sync", "--no-instructions"),
+            ],
+            check=True,
+            capture_output=True,
+            user=self._user,
+        )
+
+    @property
+    def url(self) -> str:
+        """A lock URL of this server's ``postgres`` database."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        """Start the server and wait (at most 30 s) until it accepts connections."""
+        self._process = subprocess.Popen(
+            [
+                *(str(self._bindir / "postgres"), "-D", str(self.directory / "data")),
+                *("-p", str(self.port), "-k", str(self.directory), "-c", "fsync=off"),
+                *("-c", "listen_addresses=127.0.0.1"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self._user,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres").close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self._process.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def install(self, source: Path, name: str) -> Path:
+        """Copy file ``source`` into the cluster's directory as ``name``, readable by the
+        server only (a private key must be)."""
+        target = self.directory / name
+        shutil.copyfile(source, target)
+        target.chmod(0o600)
+        if self._user:
+            shutil.chown(target, self._user)
+        return target
+
+    def configure(self, *, hba: str | None = None, **settings: str) -> None:
+        """Set server ``settings`` (postgresql.conf) and put ``hba`` first in pg_hba.conf;
+        a running server reloads them."""
+        data = self.directory / "data"
+        with (data / "postgresql.conf").open("a") as conf:
+            conf.writelines(f"{name} = '{value}'\n" for name, value in settings.items())
+        if hba is not None:
+            rules = data / "pg_hba.conf"
+            rules.write_text(f"{hba}\n{rules.read_text()}")
+        if self._process is not None:
+            with self.admin() as conn:
+                conn.execute("SELECT pg_reload_conf()")
+
+    def admin(self) -> psycopg.Connection[Any]:
+        """A superuser session, without TLS."""
+        return psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user=postgres sslmode=disable", autocommit=True
+        )
+
+    def stop(self) -> None:
+        """Fast shutdown: the server ends every session, then exits."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGINT)
+            self._process.wait(timeout=30)
+            self._process = None
+
+    def remove(self) -> None:
+        """Stop and delete the cluster."""
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def private_server() -> Iterator[PrivateServer]:
+    """A private server of the test module, started; a test that stops it starts it again."""
+    bindir = _bindir()
+    if bindir is None:
+        pytest.skip("the PostgreSQL server binaries (initdb) are not installed")
+    server = PrivateServer(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()

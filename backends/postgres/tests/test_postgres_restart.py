@@ -5,121 +5,19 @@ throwaway server, so that the shared one is never restarted."""
 from __future__ import annotations
 
 import asyncio
-import os
-import pwd
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import psycopg
 import pytest
 
 import multilock
 from multilock.errors import BackendUnavailable
 
+from .conftest import PrivateServer
+
 pytestmark = pytest.mark.faults
 
 INTERVAL = 0.5
-
-
-def _bindir() -> Path | None:
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        found = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
-        if found.returncode == 0 and (Path(found.stdout.strip()) / "initdb").exists():
-            return Path(found.stdout.strip())
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return versions[-1].parent if versions else None
-
-
-class PrivateServer:
-    """A PostgreSQL cluster in a temporary directory, on a free port, that a test may
-    stop and start. As root it runs as the ``postgres`` user (the server refuses root)."""
-
-    def __init__(self, bindir: Path) -> None:
-        self._bindir = bindir
-        self._user: str | None = None
-        if os.geteuid() == 0:
-            try:
-                pwd.getpwnam("postgres")
-            except KeyError:
-                pytest.skip("running as root and there is no postgres user to run a server as")
-            self._user = "postgres"
-        self.directory = Path(tempfile.mkdtemp(prefix="multilock-pg-"))
-        if self._user:
-            shutil.chown(self.directory, self._user)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self._process: subprocess.Popen[bytes] | None = None
-        subprocess.run(
-            [
-                *(str(bindir / "initdb"), "-D", str(self.directory / "data")),
-                *("-A", "trust", "-U", "postgres", "--no-sync", "--no-instructions"),
-            ],
-            check=True,
-            capture_output=True,
-            user=self._user,
-        )
-
-    @property
-    def url(self) -> str:
-        """A lock URL of this server's ``postgres`` database."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def start(self) -> None:
-        """Start the server and wait (at most 30 s) until it accepts connections."""
-        self._process = subprocess.Popen(
-            [
-                *(str(self._bindir / "postgres"), "-D", str(self.directory / "data")),
-                *("-p", str(self.port), "-k", str(self.directory), "-c", "fsync=off"),
-                *("-c", "listen_addresses=127.0.0.1"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            user=self._user,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres").close()
-                return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline or self._process.poll() is not None:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        """Fast shutdown: the server ends every session, then exits."""
-        if self._process is not None:
-            self._process.send_signal(signal.SIGINT)
-            self._process.wait(timeout=30)
-            self._process = None
-
-    def remove(self) -> None:
-        """Stop and delete the cluster."""
-        self.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def private_server() -> Iterator[PrivateServer]:
-    """A private server, started; it is started again after each test if need be."""
-    bindir = _bindir()
-    if bindir is None:
-        pytest.skip("the PostgreSQL server binaries (initdb) are not installed")
-    server = PrivateServer(bindir)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.remove()
 
 
 def _name() -> str:

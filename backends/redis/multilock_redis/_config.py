@@ -1,8 +1,9 @@
-"""A lock URL turned into redis-py clients: options checked, retries off, timeouts on."""
+"""A lock URL turned into redis-py clients: options checked, retries off, timeouts on,
+TLS verified (certificate and host name) unless the URL turns it off."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,7 +13,7 @@ import redis.asyncio.retry
 import redis.retry
 from redis.backoff import NoBackoff
 
-from multilock.backend import LockURL, OptionParser, as_duration, as_str
+from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str
 from multilock.errors import InvalidOption, InvalidURL
 
 __all__ = [
@@ -29,17 +30,25 @@ AsyncClient = redis.asyncio.Redis
 SyncClient = redis.Redis
 """The sync client type."""
 
-# Handed to redis-py untouched, which converts and checks them (TLS, db, pool...).
-_PASSTHROUGH = frozenset(
+# TLS files handed to redis-py untouched (rediss:// only).
+_TLS_FILES = frozenset(
+    {"ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password"}
+)
+_CERT_REQS = ("none", "optional", "required")
+
+
+def _as_cert_reqs(value: object) -> str:
+    text = as_str(value).strip().lower()
+    if text not in _CERT_REQS:
+        raise InvalidOption(f"expected one of {', '.join(_CERT_REQS)}, got {value!r}")
+    return text
+
+
+# Handed to redis-py untouched, which converts and checks them (db, pool...).
+_PASSTHROUGH = _TLS_FILES | frozenset(
     {
         "db",
         "password",
-        "ssl_cert_reqs",
-        "ssl_ca_certs",
-        "ssl_ca_path",
-        "ssl_certfile",
-        "ssl_keyfile",
-        "ssl_check_hostname",
         "client_name",
         "health_check_interval",
         "max_connections",
@@ -53,6 +62,10 @@ _OPTIONS = OptionParser(
         "prefix": as_str,
         "socket_timeout": as_duration,
         "connect_timeout": as_duration,
+        # Ours, not redis-py's: their defaults changed across redis-py versions
+        # (before 6.0, rediss:// did not check the host name), so they are always given.
+        "ssl_cert_reqs": _as_cert_reqs,
+        "ssl_check_hostname": as_bool,
     },
     {"ttl": 30.0, "prefix": "multilock:", "socket_timeout": 5.0, "connect_timeout": 5.0},
     passthrough=_PASSTHROUGH,
@@ -73,6 +86,8 @@ class RedisConfig:
     prefix: str
     socket_timeout: float
     connect_timeout: float
+    tls: dict[str, Any] = field(default_factory=dict)
+    """redis-py's TLS verification arguments (rediss:// only)."""
 
     def __repr__(self) -> str:
         return f"RedisConfig({self.url.masked!r})"
@@ -94,6 +109,7 @@ def parse_config(url: LockURL) -> RedisConfig:
         raise InvalidURL(f"{url.masked!r} is not a redis://, rediss:// or unix:// URL")
     if scheme != "unix" and url.path.strip("/") and not url.path.strip("/").isdigit():
         raise InvalidURL(f"invalid Redis URL {url.masked!r}: the path is the db number, like /0")
+    tls = _tls(url, scheme, values, passthrough)
     rest = url.raw.split("://", 1)[1].split("#", 1)[0].split("?", 1)[0]
     client_url = f"{scheme}://{rest}"
     if passthrough:
@@ -105,9 +121,33 @@ def parse_config(url: LockURL) -> RedisConfig:
         prefix,
         values["socket_timeout"],
         values["connect_timeout"],
+        tls,
     )
     sync_client(config).close()  # let redis-py reject a bad db, port or TLS option now
     return config
+
+
+def _tls(
+    url: LockURL, scheme: str, values: dict[str, Any], passthrough: dict[str, str]
+) -> dict[str, Any]:
+    """redis-py's TLS arguments: the certificate required and its host name checked
+    unless the URL says otherwise; TLS options on a URL without TLS are refused."""
+    given = sorted(name for name in (*values, *passthrough) if name.startswith("ssl_"))
+    if scheme != "rediss":
+        if given:
+            raise InvalidOption(
+                f"option {', '.join(map(repr, given))} of {url.masked!r} needs a rediss://"
+                " URL (TLS is off without it)"
+            )
+        return {}
+    cert_reqs = values.get("ssl_cert_reqs", "required")
+    check_hostname = values.get("ssl_check_hostname", cert_reqs != "none")
+    if check_hostname and cert_reqs == "none":
+        raise InvalidOption(
+            f"ssl_check_hostname=true needs ssl_cert_reqs other than none in {url.masked!r}"
+            " (a name cannot be checked on a certificate that is not verified)"
+        )
+    return {"ssl_cert_reqs": cert_reqs, "ssl_check_hostname": check_hostname}
 
 
 def sync_client(config: RedisConfig, timeout: float | None = None) -> redis.Redis:
@@ -136,6 +176,7 @@ def _open(factory: Any, config: RedisConfig, retry: object, timeout: float | Non
             # A retried acquire whose first answer was lost would report "held
             # elsewhere" for our own lock: failures are reported, never replayed.
             retry=retry,
+            **config.tls,
         )
     except ValueError as exc:
         raise InvalidURL(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ssl
+
 from redis import exceptions as rex
 
 from multilock.backend import LockURL
@@ -25,6 +27,9 @@ def translate(exc: BaseException, url: LockURL, doing: str) -> MultilockError:
     server's message. The password never appears.
     """
     detail = url.redact(str(exc)) or type(exc).__name__
+    tls = _tls_failure(exc)
+    if tls is not None and tls not in detail:
+        detail = f"{detail} ({tls})"
     message = f"redis at {url.masked} failed while {doing}: {detail}"
     if isinstance(exc, rex.ResponseError) and "DB index is out of range" in str(exc):
         # SELECT refused: the URL names a database the server does not have. Bad input.
@@ -33,3 +38,16 @@ def translate(exc: BaseException, url: LockURL, doing: str) -> MultilockError:
     if isinstance(exc, rex.ResponseError) and not isinstance(exc, _TRANSIENT):
         return MultilockError(message)
     return BackendUnavailable(message)
+
+
+def _tls_failure(exc: BaseException) -> str | None:
+    """The TLS error behind ``exc``, if any: some redis-py versions (5.0's asyncio
+    client) word a failed handshake as "Error 1 connecting to host:port. 1." only."""
+    cause = exc.__cause__ or exc.__context__
+    for _ in range(8):  # a chain is short; never loop on a pathological one
+        if cause is None:
+            return None
+        if isinstance(cause, ssl.SSLError):
+            return str(cause)
+        cause = cause.__cause__ or cause.__context__
+    return None

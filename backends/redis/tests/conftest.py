@@ -3,7 +3,8 @@
 ``redis_url`` is the shared server (``MULTILOCK_REDIS_URL``), skipped when it is
 down -- or failed when backends are required. ``throwaway_redis`` is a private
 ``redis-server`` on a free port that a test may stop, restart or kill clients of,
-so that the shared server is never disturbed.
+so that the shared server is never disturbed. The TLS servers present certificates
+of a throwaway CA made by the repository's ``scripts/test-ca`` (``test_ca``).
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from multilock.testing import server_url
+from multilock.testing import require_backends, server_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 _START_TIMEOUT = 10.0
 SECRET = "s3cret-pa55"
 
@@ -41,14 +44,40 @@ def name() -> str:
     return f"test-{uuid.uuid4().hex}"
 
 
-class RedisServer:
-    """A private ``redis-server`` process that a test may stop and start again."""
+@pytest.fixture(scope="session")
+def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
+    directory = tmp_path_factory.mktemp("tls") / "ca"
+    try:
+        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        message = f"cannot make the test CA with scripts/test-ca: {exc}"
+        if require_backends(request.config):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return directory
 
-    def __init__(self, directory: Path, password: str | None = None, tls: bool = False) -> None:
+
+class RedisServer:
+    """A private ``redis-server`` process that a test may stop and start again.
+
+    With ``tls`` (a :func:`test_ca` directory) it speaks only TLS, presenting
+    ``{cert}.crt``, and with ``auth_clients`` it wants a client certificate.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        password: str | None = None,
+        tls: Path | None = None,
+        cert: str = "server",
+        auth_clients: bool = False,
+    ) -> None:
         self.directory = directory
         self.password = password
         self.tls = tls
-        self.certificate = directory / "cert.pem"
+        self.cert = cert
+        self.auth_clients = auth_clients
         # Unix socket paths are limited to about 100 bytes: keep it short.
         self.socket_path = Path(tempfile.mkdtemp(prefix="mlr-")) / "redis.sock"
         with socket.socket() as probe:
@@ -64,29 +93,27 @@ class RedisServer:
     def admin(self) -> redis.Redis:
         """A plain redis-py client for poking at the server from outside."""
         if self.tls:
+            # Trusts the test CA, whatever name the server's certificate has.
             return redis.Redis(
-                port=self.port, ssl=True, ssl_ca_certs=str(self.certificate), socket_timeout=5
+                port=self.port,
+                ssl=True,
+                ssl_ca_certs=str(self.tls / "ca.crt"),
+                ssl_check_hostname=False,
+                ssl_certfile=str(self.tls / "client.crt"),
+                ssl_keyfile=str(self.tls / "client.key"),
+                socket_timeout=5,
             )
         return redis.Redis(port=self.port, password=self.password, socket_timeout=5)
 
     def _listen(self) -> list[str]:
         if not self.tls:
             return ["--port", str(self.port)]
-        if not self.certificate.exists():
-            _self_signed(self.certificate, self.directory / "key.pem")
         return [
-            "--port",
-            "0",
-            "--tls-port",
-            str(self.port),
-            "--tls-cert-file",
-            str(self.certificate),
-            "--tls-key-file",
-            str(self.directory / "key.pem"),
-            "--tls-ca-cert-file",
-            str(self.certificate),
-            "--tls-auth-clients",
-            "no",
+            *("--port", "0", "--tls-port", str(self.port)),
+            *("--tls-cert-file", str(self.tls / f"{self.cert}.crt")),
+            *("--tls-key-file", str(self.tls / f"{self.cert}.key")),
+            *("--tls-ca-cert-file", str(self.tls / "ca.crt")),
+            *("--tls-auth-clients", "yes" if self.auth_clients else "no"),
         ]
 
     def start(self) -> None:
@@ -151,40 +178,8 @@ class RedisServer:
         shutil.rmtree(self.socket_path.parent, ignore_errors=True)
 
 
-def _self_signed(certificate: Path, key: Path) -> None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl is not installed: no certificate for the TLS server")
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-keyout",
-            str(key),
-            "-out",
-            str(certificate),
-        ],
-        check=True,
-        capture_output=True,
-    )
-
-
-def _serve(
-    directory: Path, password: str | None = None, tls: bool = False
-) -> Iterator[RedisServer]:
-    server = RedisServer(directory, password, tls)
+def _serve(directory: Path, password: str | None = None, **tls: Any) -> Iterator[RedisServer]:
+    server = RedisServer(directory, password, **tls)
     try:
         server.start()
         yield server
@@ -205,6 +200,19 @@ def secured_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def tls_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server that speaks only TLS, with a self-signed certificate."""
-    yield from _serve(tmp_path, tls=True)
+def tls_redis(tmp_path: Path, test_ca: Path) -> Iterator[RedisServer]:
+    """A private redis-server that speaks only TLS, with a certificate of the test CA
+    for localhost and 127.0.0.1."""
+    yield from _serve(tmp_path, tls=test_ca)
+
+
+@pytest.fixture
+def wrong_name_redis(tmp_path: Path, test_ca: Path) -> Iterator[RedisServer]:
+    """As ``tls_redis``, with a certificate of the test CA for another name."""
+    yield from _serve(tmp_path, tls=test_ca, cert="wrong")
+
+
+@pytest.fixture
+def mutual_tls_redis(tmp_path: Path, test_ca: Path) -> Iterator[RedisServer]:
+    """As ``tls_redis``, wanting a client certificate of the test CA."""
+    yield from _serve(tmp_path, tls=test_ca, auth_clients=True)

@@ -311,20 +311,3 @@ def test_unix_socket(throwaway_redis: Any, scheme: str) -> None:
         assert admin.get(lease.key) == lease.token.encode()
         admin.close()
         assert lease.release()
-
-
-def test_tls_with_the_servers_certificate(tls_redis: Any) -> None:
-    url = f"rediss://127.0.0.1:{tls_redis.port}/0?ssl_ca_certs={tls_redis.certificate}"
-    with multilock.connect(url) as locker:
-        lease = _held(locker.try_acquire("over-tls"))
-        assert locker.try_acquire("over-tls") is None
-        assert lease.release()
-    unverified = f"rediss://127.0.0.1:{tls_redis.port}/0?ssl_cert_reqs=none"
-    with multilock.connect(unverified) as locker:
-        _held(locker.try_acquire("over-tls")).release()
-
-
-def test_tls_refuses_an_unknown_certificate(tls_redis: Any) -> None:
-    with multilock.connect(f"rediss://127.0.0.1:{tls_redis.port}/0") as locker:
-        error = _raises_promptly(lambda: locker.try_acquire("over-tls"))
-        assert "certificate" in str(error)

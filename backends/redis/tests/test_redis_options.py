@@ -7,7 +7,7 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import ConfigurationError, InvalidOption, InvalidURL
-from multilock_redis._config import parse_config, sync_client
+from multilock_redis._config import async_client, parse_config, sync_client
 
 
 def _kwargs(url: str) -> dict[str, object]:
@@ -37,13 +37,39 @@ def test_our_options_are_not_handed_to_redis_py() -> None:
 
 
 def test_tls_options_pass_through() -> None:
-    kwargs = _kwargs(
-        "rediss://h/0?ssl_cert_reqs=none&ssl_ca_certs=/ca.pem&ssl_check_hostname=false"
-    )
+    kwargs = _kwargs("rediss://h/0?ssl_cert_reqs=none&ssl_ca_certs=/ca.pem")
     assert kwargs["ssl_cert_reqs"] == "none"
     assert kwargs["ssl_ca_certs"] == "/ca.pem"
-    assert kwargs["ssl_check_hostname"] is False
+    assert kwargs["ssl_check_hostname"] is False  # nothing verified: no name to check
     assert "SSL" in kwargs["connection_class"].__name__  # type: ignore[attr-defined]
+
+
+def test_tls_verifies_the_certificate_and_the_host_name_whatever_redis_py_defaults() -> None:
+    # Given explicitly to every redis-py client: before redis-py 6.0 rediss:// did not
+    # check the host name by default.
+    config = parse_config(LockURL.parse("rediss://h/0?ssl_ca_certs=/ca.pem"))
+    assert config.tls == {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    for client in (sync_client(config), async_client(config)):
+        kwargs = client.connection_pool.connection_kwargs
+        assert (kwargs["ssl_cert_reqs"], kwargs["ssl_check_hostname"]) == ("required", True)
+    assert parse_config(LockURL.parse("redis://h/0")).tls == {}
+    opted_out = parse_config(LockURL.parse("rediss://h/0?ssl_check_hostname=no"))
+    assert opted_out.tls == {"ssl_cert_reqs": "required", "ssl_check_hostname": False}
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://h/0?ssl_ca_certs=/ca.pem", "'ssl_ca_certs' .* needs a rediss:// URL"),
+        ("unix:///run/redis.sock?ssl_cert_reqs=required", "needs a rediss:// URL"),
+        ("rediss://h/0?ssl_cert_reqs=none&ssl_check_hostname=true", "ssl_check_hostname=true"),
+        ("rediss://h/0?ssl_cert_reqs=sometimes", "expected one of none, optional, required"),
+        ("rediss://h/0?ssl_check_hostname=maybe", "expected true or false"),
+    ],
+)
+def test_bad_tls_options_are_named(url: str, says: str) -> None:
+    with pytest.raises(InvalidOption, match=says):
+        parse_config(LockURL.parse(url))
 
 
 @pytest.mark.parametrize("scheme", ["unix", "redis+unix"])

@@ -10,7 +10,7 @@ from multilock.errors import ConfigurationError
 
 from ._config import Config
 
-__all__ = ["acl_problem"]
+__all__ = ["acl_problem", "acl_unreadable"]
 
 _FOREIGN_PERMS = Permissions.CREATE | Permissions.DELETE | Permissions.WRITE | Permissions.ADMIN
 
@@ -31,6 +31,16 @@ def acl_problem(config: Config, acls: list[Any]) -> ConfigurationError | None:
         f" create or delete lock nodes ({', '.join(_acl_text(a) for a in foreign)})"
         f"{hint}: with digest auth it must grant those only to our user; set its"
         " ACL or use another chroot"
+    )
+
+
+def acl_unreadable(config: Config) -> ConfigurationError:
+    """The error to raise when the chroot's ACL may not be read with our credentials: the
+    chroot is another identity's (lock nodes and chroots are private to their creator)."""
+    return ConfigurationError(
+        f"the chroot {config.root!r} of {config.url.masked} belongs to another identity:"
+        f" digest user {config.username!r} may not read it (a wrong password?); use its"
+        " credentials or another chroot"
     )
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import socket
 
-from kazoo.client import KazooClient
-
 from multilock.backend import LockURL
 
 from ._async.locker import AsyncZooKeeperLocker
 from ._config import Config
 from ._errors import unavailable
+from ._expire import end_session
 from ._sync.locker import ZooKeeperLocker
 
 __all__ = ["ZooKeeperBackend", "backend"]
@@ -23,22 +22,15 @@ class _ZooKeeperHooks:
         return Config.from_url(url).session_timeout * 1.5 + 0.5
 
     def break_lease(self, url: LockURL, locker: object, lease: object) -> None:
-        # Expire the holder's session as ZooKeeper would: a second client attaches to
-        # the same session (id and password) and closes it (kazoo's own test pattern).
+        # End the holder's session as the server does when it expires: its connection
+        # closes, and the session is gone when the holder reconnects (see _expire).
         client_id = locker._session.client.client_id  # type: ignore[attr-defined]
         if client_id is None:
             raise RuntimeError("the locker has no session to expire")
-        config = Config.from_url(url)
-        intruder = KazooClient(
-            hosts=config.hosts, timeout=config.session_timeout, client_id=client_id
-        )
         try:
-            intruder.start(timeout=config.connect_timeout)
-            intruder.stop()
-        except Exception as exc:
+            end_session(Config.from_url(url), client_id)
+        except OSError as exc:
             raise unavailable(url, "expiring a session", exc) from None
-        finally:
-            intruder.close()
 
     def unreachable_url(self, url: LockURL) -> str | None:
         # A loopback port that was free a moment ago: connection refused at once.

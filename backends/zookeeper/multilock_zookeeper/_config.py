@@ -1,4 +1,4 @@
-"""``zookeeper://`` URLs: the ensemble, the chroot, the options, the credentials and ACLs."""
+"""``zookeeper://`` URLs: the ensemble, the chroot, the options, the credentials, ACLs, TLS."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_acl, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from multilock.backend import LockURL, OptionParser, as_duration, as_str
 from multilock.errors import InvalidOption, InvalidURL
+
+from ._tls import TLS, TLS_CONVERTERS, parse_tls
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_ROOT", "Config"]
 
@@ -36,6 +38,7 @@ _OPTIONS = OptionParser(
         "username": as_str,
         "password": as_str,
         "ttl": as_duration,
+        **TLS_CONVERTERS,
     },
     {
         # Modest: a crashed holder's lock is free again after this long.
@@ -84,6 +87,8 @@ class Config:
     ttl: float
     username: str | None = None
     password: str | None = field(default=None, compare=False)
+    tls: TLS | None = None
+    """How to speak TLS to the ensemble; ``None``: plain TCP."""
 
     @classmethod
     def from_url(cls, url: LockURL) -> Config:
@@ -118,6 +123,7 @@ class Config:
             ttl=float(values["ttl"]),
             username=username,
             password=password,
+            tls=parse_tls(url, values),
         )
 
     @property
@@ -131,17 +137,15 @@ class Config:
     def acl(self) -> list[ACL]:
         """The ACL of lock nodes and of the parents we create.
 
-        With credentials: everything for our digest identity, read for the world.
-        ZooKeeper checks DELETE (and CREATE) on the *parent*, so the parent's ACL
-        is what stops a client without our credentials from deleting our locks.
-        Without credentials the tree is open, as ZooKeeper's default.
+        With credentials: everything for our digest identity, nothing for anyone
+        else -- not even reading, since a lock node records its holder's host, pid
+        and token. ZooKeeper checks DELETE (and CREATE) on the *parent*, so the
+        parent's ACL is what stops a client without our credentials from deleting
+        our locks. Without credentials the tree is open, as ZooKeeper's default.
         """
         if self.username is None or self.password is None:
             return list(OPEN_ACL_UNSAFE)
-        return [
-            make_digest_acl(self.username, self.password, all=True),
-            make_acl("world", "anyone", read=True),
-        ]
+        return [make_digest_acl(self.username, self.password, all=True)]
 
     def node_path(self, quoted: str) -> str:
         """The znode of a lock whose name was escaped by ``quote_name``."""
@@ -150,10 +154,18 @@ class Config:
     def kazoo_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`kazoo.client.KazooClient` (credentials included)."""
         return {
-            "hosts": self.hosts,
-            "timeout": self.session_timeout,
+            **self.connection_options(),
             "auth_data": self.auth_data or None,
             "default_acl": self.acl,
+        }
+
+    def connection_options(self) -> dict[str, Any]:
+        """kazoo's keyword arguments that reach the ensemble: its hosts, timeout and TLS
+        (also what another client attaching to our session needs)."""
+        return {
+            "hosts": self.hosts,
+            "timeout": self.session_timeout,
+            **(self.tls.kazoo_options() if self.tls else {}),
         }
 
     def __repr__(self) -> str:

@@ -29,15 +29,20 @@ def shown(text: str, limit: int = 80) -> str:
     return f"{text[: limit - 20]!r}... ({len(text)} characters)"
 
 
-def unavailable(url: LockURL, doing: str, exc: BaseException | None = None) -> MultilockError:
-    """Map a kazoo failure (or a timeout, when ``exc`` is ``None``) while ``doing``
-    something to :class:`BackendUnavailable`, password masked.
+def unavailable(
+    url: LockURL, doing: str, exc: BaseException | None = None, *, last: str | None = None
+) -> MultilockError:
+    """Map a kazoo failure (or a timeout, when ``exc`` is ``None``: ``last`` then is
+    kazoo's last warning, if any) while ``doing`` something to
+    :class:`BackendUnavailable`, password masked.
 
     Errors that are not about reaching the server (a bug, a bad argument) are not
     disguised as unavailability: they come back as a plain :class:`MultilockError`.
     """
     where = f"ZooKeeper at {url.masked}"
-    if exc is None or isinstance(exc, OUTCOME_UNKNOWN):
+    if exc is None and last:
+        why = f"no connection (kazoo: {url.redact(last)})"
+    elif exc is None or isinstance(exc, OUTCOME_UNKNOWN):
         why = "no answer (connection lost or timed out)"
     elif isinstance(exc, SessionExpiredError):
         why = "the session expired"

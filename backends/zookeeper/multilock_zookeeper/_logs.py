@@ -1,4 +1,4 @@
-"""kazoo's log, with our digest password taken out."""
+"""kazoo's log, with our digest password taken out, and its last word on connecting."""
 
 from __future__ import annotations
 
@@ -7,27 +7,33 @@ from typing import Any
 
 from ._config import Config
 
-__all__ = ["kazoo_logger"]
+__all__ = ["KazooLog"]
 
 
-class _RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """kazoo's logger, minus our password: at DEBUG, kazoo logs the Auth packet it sends."""
+class KazooLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's logger, minus our password (at DEBUG, kazoo logs the Auth packet it sends).
 
-    def __init__(self, logger: logging.Logger, secret: str) -> None:
-        super().__init__(logger, {})
-        self.secret = secret
+    It also keeps kazoo's last warning: kazoo retries a failed connection forever and
+    only says why in its log (a refused connection, a certificate that failed
+    verification), so an error about not connecting in time repeats it.
+    """
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(logging.getLogger("kazoo.client"), {})
+        self.secret = config.password
+        self.last_warning: str | None = None
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if level < logging.WARNING and not self.isEnabledFor(level):
+            return
+        text = str(msg) % args if args else str(msg)
+        if self.secret:
+            text = text.replace(self.secret, "***")
+        if level >= logging.WARNING:
+            self.last_warning = text
         if self.isEnabledFor(level):
-            text = str(msg) % args if args else str(msg)
-            self.logger.log(level, text.replace(self.secret, "***"), **kwargs)
+            self.logger.log(level, text, **kwargs)
 
     def warn(self, msg: object, *args: object, **kwargs: Any) -> None:
         """kazoo still calls the deprecated ``warn``."""
         self.warning(msg, *args, **kwargs)
-
-
-def kazoo_logger(config: Config) -> logging.Logger | _RedactingLogger:
-    """The logger kazoo should use for ``config``: its own, redacted when there is a password."""
-    logger = logging.getLogger("kazoo.client")
-    return _RedactingLogger(logger, config.password) if config.password else logger

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 from multilock.abc import LockInfo
 
-__all__ = ["lock_info", "node_value"]
+__all__ = ["hidden_lock_info", "lock_info", "node_value"]
 
 _HOST = socket.gethostname()
 _VALUE_PREFIX: list[str] = []
@@ -38,7 +38,7 @@ def lock_info(path: str, child: str, value: bytes, stat: Any) -> LockInfo:
     holder = f"pid {data['pid']} on {data['host']}" if "pid" in data and "host" in data else None
     return LockInfo(
         key=path,
-        name=unquote(child) if child != "%" else "",
+        name=_name(child),
         holder=holder,
         since=datetime.fromtimestamp(stat.ctime / 1000, UTC),
         details={
@@ -47,3 +47,13 @@ def lock_info(path: str, child: str, value: bytes, stat: Any) -> LockInfo:
             "session": f"0x{stat.ephemeralOwner:x}",
         },
     )
+
+
+def hidden_lock_info(path: str, child: str) -> LockInfo:
+    """What ``locks()`` reports of a node another identity keeps unreadable (its ACL): it
+    is there, so the name is held, but by whom and since when cannot be known."""
+    return LockInfo(key=path, name=_name(child), details={"readable": False})
+
+
+def _name(child: str) -> str:
+    return unquote(child) if child != "%" else ""

@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
@@ -33,12 +33,12 @@ from multilock.abc import LockInfo
 from multilock.backend import new_token, quote_name
 from multilock.errors import LockLost, MultilockError, NotOwner
 
-from ._acl import acl_problem
+from ._acl import acl_problem, acl_unreadable
 from ._batch import Batch, Create, Node
 from ._config import Config
 from ._errors import OUTCOME_UNKNOWN, shown, unavailable
-from ._logs import kazoo_logger
-from ._records import lock_info, node_value
+from ._logs import KazooLog
+from ._records import hidden_lock_info, lock_info, node_value
 
 __all__ = ["Session"]
 
@@ -51,11 +51,14 @@ class Session:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self._log = KazooLog(config)
         self.client = KazooClient(
             **config.kazoo_options(),
-            logger=kazoo_logger(config),
-            # Reconnect promptly after an outage (kazoo's default backs off to an hour).
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+            logger=self._log,
+            # Reconnect promptly after an outage (kazoo's default backs off to an hour),
+            # and at once after a dropped connection: with suspended=keep, an expired
+            # session is only learnt on reconnecting, and its leases are lost meanwhile.
+            connection_retry=KazooRetry(max_tries=-1, delay=0.01, backoff=2, max_delay=1.0),
         )
         self._guard = threading.Lock()
         self._started = False
@@ -102,7 +105,9 @@ class Session:
         if live.ready() and not live.successful():
             raise live.exception
         raise unavailable(
-            self.config.url, f"connecting within {self.config.connect_timeout:g}s"
+            self.config.url,
+            f"connecting within {self.config.connect_timeout:g}s",
+            last=self._log.last_warning,
         ) from None
 
     def _on_state(self, state: str) -> None:
@@ -118,6 +123,7 @@ class Session:
             self._dropped("the ZooKeeper session expired or was closed", expired=True)
 
     def _connected(self) -> None:
+        self._log.last_warning = None
         client_id = self.client.client_id
         session_id = client_id[0] if client_id else None
         with self._guard:
@@ -140,6 +146,9 @@ class Session:
             acls, _ = result.get_nowait()
         except NoNodeError:
             acls = []  # the first lock creates the root, with our ACL
+        except NoAuthError:
+            self._live.set_exception(acl_unreadable(self.config))
+            return
         except Exception as exc:
             self._live.set_exception(unavailable(self.config.url, "reading the chroot's ACL", exc))
             return
@@ -399,6 +408,9 @@ class Session:
                 value, stat = result.get_nowait()
             except NoNodeError:
                 continue  # released meanwhile
+            except NoAuthError:
+                infos.append(hidden_lock_info(self.config.node_path(child), child))
+                continue
             except Exception as exc:
                 raise unavailable(self.config.url, "reading locks", exc) from None
             infos.append(lock_info(self.config.node_path(child), child, value, stat))

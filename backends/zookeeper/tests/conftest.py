@@ -4,13 +4,24 @@ The server comes from ``MULTILOCK_ZOOKEEPER_URL`` (default: the local test
 server that ``scripts/zookeeper.sh start`` runs) through
 :func:`multilock.testing.server_url`, which skips when it is down -- or fails
 when backends are required, as in CI. Every test gets a chroot of its own.
+
+Tests that break a server or need TLS get a private one (``private_zookeeper``),
+run by the repository's ``scripts/zookeeper.sh``, with certificates from its
+``scripts/test-ca``; they skip where those scripts are not (an installed sdist).
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -18,10 +29,11 @@ import pytest
 from kazoo.client import KazooClient
 
 from multilock.backend import LockURL
-from multilock.testing import server_url
+from multilock.testing import require_backends, server_url
 from multilock_zookeeper._config import Config
 
 DEFAULT_URL = "zookeeper://127.0.0.1:2181/multilock-test"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
 @pytest.fixture(scope="session")
@@ -52,13 +64,232 @@ def make_url(zookeeper_url: str, chroot: str) -> Callable[..., str]:
 
 
 @pytest.fixture
-def admin(zookeeper_url: str) -> Iterator[KazooClient]:
-    """A plain kazoo client without credentials, as another application would have."""
+def kazoo_client(zookeeper_url: str) -> Iterator[Callable[..., KazooClient]]:
+    """``kazoo_client(**kwargs)``: a started plain kazoo client of the test server (as
+    another application would have one), stopped after the test."""
     config = Config.from_url(LockURL.parse(zookeeper_url))
-    client = KazooClient(hosts=config.hosts, timeout=config.session_timeout)
-    client.start(timeout=config.connect_timeout)
-    try:
-        yield client
-    finally:
+    clients: list[KazooClient] = []
+
+    def make(**kwargs: Any) -> KazooClient:
+        clients.append(KazooClient(**config.connection_options(), **kwargs))
+        clients[-1].start(timeout=config.connect_timeout)
+        return clients[-1]
+
+    yield make
+    for client in clients:
         client.stop()
         client.close()
+
+
+@pytest.fixture
+def admin(kazoo_client: Callable[..., KazooClient]) -> KazooClient:
+    """A plain kazoo client without credentials, as another application would have."""
+    return kazoo_client()
+
+
+def _unavailable(config: pytest.Config, message: str) -> None:
+    if require_backends(config):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
+    directory = tmp_path_factory.mktemp("tls") / "ca"
+    try:
+        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        _unavailable(request.config, f"cannot make the test CA with scripts/test-ca: {exc}")
+    return directory
+
+
+class PrivateZooKeeper:
+    """One standalone server of our own: ``start()``, ``stop()``, ``kill()``, ``url``.
+
+    With ``tls`` (a :func:`test_ca` directory) it speaks TLS only, presenting
+    ``{cert}.pem`` and asking clients for a certificate per ``client_auth``.
+    """
+
+    def __init__(
+        self,
+        state: Path,
+        *,
+        keep_data: bool = False,
+        tls: Path | None = None,
+        cert: str = "server",
+        client_auth: str = "need",
+    ) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.env = {
+            **os.environ,
+            "MULTILOCK_ZK_PORT": str(self.port),
+            "MULTILOCK_ZK_DIR": str(state),
+            "MULTILOCK_ZK_KEEP_DATA": "1" if keep_data else "0",
+        }
+        if tls is not None:
+            self.env["MULTILOCK_ZK_TLS_DIR"] = str(tls)
+            self.env["MULTILOCK_ZK_TLS_CERT"] = cert
+            self.env["MULTILOCK_ZK_TLS_CLIENT_AUTH"] = client_auth
+
+    @property
+    def url(self) -> str:
+        """The lock URL of a chroot of this server, without options."""
+        return f"zookeeper://127.0.0.1:{self.port}/faults"
+
+    def _run(self, command: str) -> None:
+        subprocess.run(
+            ["bash", str(SCRIPTS / "zookeeper.sh"), command],
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+
+    def start(self) -> None:
+        """Start the server; return once it answers."""
+        self._run("start")
+
+    def stop(self) -> None:
+        """Stop the server (it closes its connections; sessions live on with keep_data)."""
+        self.thaw()  # a frozen JVM would not stop
+        self._run("stop")
+
+    def kill(self) -> None:
+        """SIGKILL the server: its connections are reset, as when its host crashes."""
+        os.kill(self._pid(), signal.SIGKILL)
+
+    def freeze(self) -> None:
+        """Stop the server's process where it stands: a blackhole that keeps connections."""
+        os.kill(self._pid(), signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let a frozen server go on."""
+        try:
+            os.kill(self._pid(), signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # killed
+
+    def _pid(self) -> int:
+        return int((Path(self.env["MULTILOCK_ZK_DIR"]) / "zookeeper.pid").read_text())
+
+
+@pytest.fixture
+def private_zookeeper(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., PrivateZooKeeper]]:
+    """``private_zookeeper(keep_data=False, tls=None, ...)``: a started server (see
+    :class:`PrivateZooKeeper`), stopped after the test.
+
+    Restart with ``keep_data=True``: a server that comes back *without* its data
+    refuses clients that have seen a later zxid (ZooKeeper's own rule against
+    going back in time), so such a restart is a new ensemble, not a fault.
+    """
+    if not (SCRIPTS / "zookeeper.sh").exists():
+        pytest.skip("scripts/zookeeper.sh is not here (not a checkout of the repository)")
+    servers: list[PrivateZooKeeper] = []
+
+    def make(**options: Any) -> PrivateZooKeeper:
+        server = PrivateZooKeeper(tmp_path / f"zk{len(servers)}", **options)
+        servers.append(server)
+        try:
+            server.start()
+        except subprocess.CalledProcessError as exc:
+            _unavailable(
+                request.config, f"cannot start a private ZooKeeper: {exc.stderr.decode()[-500:]}"
+            )
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+class LatencyProxy:
+    """Forwards TCP to ``upstream``; the upstream's bytes reach the client ``delay`` late.
+    ``sent`` records every byte the clients sent, as someone on the network sees it."""
+
+    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
+        self.upstream = upstream
+        self.delay = delay
+        self.sent = bytearray()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self.upstream)
+            self.sockets += [client, server]
+            late: queue.Queue[tuple[float, bytes]] = queue.Queue()
+            self._spawn(self._pump, client, server, None)
+            self._spawn(self._pump, server, client, late)
+            self._spawn(self._deliver, late, client)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, late: queue.Queue[Any] | None) -> None:
+        try:
+            while data := src.recv(65536):
+                if late is None:
+                    self.sent += data
+                    dst.sendall(data)
+                else:
+                    late.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        if late is not None:
+            late.put((0.0, b""))
+        else:
+            _close(dst)
+
+    def _deliver(self, late: queue.Queue[tuple[float, bytes]], dst: socket.socket) -> None:
+        while True:
+            due, data = late.get()
+            if not data:
+                _close(dst)
+                return
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            _close(sock)
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+@pytest.fixture
+def tcp_proxy() -> Iterator[Callable[..., LatencyProxy]]:
+    """``tcp_proxy((host, port), delay=0.0)``: a started :class:`LatencyProxy`, closed
+    after the test."""
+    proxies: list[LatencyProxy] = []
+
+    def make(upstream: tuple[str, int], *, delay: float = 0.0) -> LatencyProxy:
+        proxies.append(LatencyProxy(upstream, delay))
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.close()

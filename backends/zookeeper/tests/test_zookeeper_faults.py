@@ -1,111 +1,32 @@
 """Faults on a private ZooKeeper: the server goes down and comes back, restarts, or freezes.
 
 Nothing here touches the shared server: each test gets its own standalone
-ZooKeeper on a free port, run by the repository's ``scripts/zookeeper.sh`` (the
-test skips when that script is not there, as in an installed sdist), which it
-stops, restarts and freezes (SIGSTOP: connections stay open, nothing answers)
-at will.
+ZooKeeper on a free port (the ``private_zookeeper`` fixture), which it stops,
+restarts and freezes (SIGSTOP: connections stay open, nothing answers) at will.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import multilock
 from multilock.errors import BackendUnavailable
-from multilock.testing import apoll, require_backends
+from multilock.testing import apoll
 from multilock.testing import poll as _poll
+
+from .conftest import PrivateZooKeeper
 
 pytestmark = pytest.mark.faults
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "zookeeper.sh"
 CONNECT_TIMEOUT = 1.0
 PROMPT = CONNECT_TIMEOUT + 1.5  # what a failing call may take on a loaded machine
 BOUND = 15.0
-
-
-class PrivateZooKeeper:
-    """One standalone server of our own: ``start()``, ``stop()``, ``url``."""
-
-    def __init__(self, state: Path, *, keep_data: bool) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.env = {
-            **os.environ,
-            "MULTILOCK_ZK_PORT": str(self.port),
-            "MULTILOCK_ZK_DIR": str(state),
-            "MULTILOCK_ZK_KEEP_DATA": "1" if keep_data else "0",
-        }
-
-    @property
-    def url(self) -> str:
-        return f"zookeeper://127.0.0.1:{self.port}/faults"
-
-    def _run(self, command: str) -> None:
-        subprocess.run(
-            ["bash", str(SCRIPT), command], env=self.env, check=True, capture_output=True
-        )
-
-    def start(self) -> None:
-        self._run("start")
-
-    def stop(self) -> None:
-        self.thaw()  # a frozen JVM would not stop
-        self._run("stop")
-
-    def freeze(self) -> None:
-        """Stop the server's process where it stands: a blackhole that keeps connections."""
-        os.kill(self._pid(), signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        """Let a frozen server go on."""
-        os.kill(self._pid(), signal.SIGCONT)
-
-    def _pid(self) -> int:
-        return int((Path(self.env["MULTILOCK_ZK_DIR"]) / "zookeeper.pid").read_text())
-
-
-@pytest.fixture
-def private_zookeeper(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Callable[..., PrivateZooKeeper]]:
-    """``private_zookeeper(keep_data=False)``: a started server, stopped after the test.
-
-    Restart with ``keep_data=True``: a server that comes back *without* its data
-    refuses clients that have seen a later zxid (ZooKeeper's own rule against
-    going back in time), so such a restart is a new ensemble, not a fault.
-    """
-    if not SCRIPT.exists():
-        pytest.skip("scripts/zookeeper.sh is not here (not a checkout of the repository)")
-    servers: list[PrivateZooKeeper] = []
-
-    def make(*, keep_data: bool = False) -> PrivateZooKeeper:
-        server = PrivateZooKeeper(tmp_path / f"zk{len(servers)}", keep_data=keep_data)
-        servers.append(server)
-        try:
-            server.start()
-        except subprocess.CalledProcessError as exc:
-            message = f"cannot start a private ZooKeeper: {exc.stderr.decode()[-500:]}"
-            if require_backends(request.config):
-                pytest.fail(message, pytrace=False)
-            pytest.skip(message)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def poll(what: str, probe: Callable[[], Any], within: float = BOUND) -> Any:

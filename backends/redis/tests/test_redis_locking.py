@@ -209,12 +209,12 @@ def test_an_error_after_the_grant_releases_the_lock(
 
 
 def test_async_error_after_the_grant_releases_the_lock(
-    redis_url: str, admin: redis.Redis, name: str
+    redis_url: str, admin: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
         async with multilock.connect_async(redis_url) as locker:
             assert isinstance(locker, AsyncRedisLocker)
-            locker._renewer.add = _refuse_to_hold  # type: ignore[method-assign]
+            monkeypatch.setattr(locker._renewer, "add", _refuse_to_hold)
             with pytest.raises(RuntimeError, match="new thread"):
                 await locker.try_acquire(name, ttl=60)
             with pytest.raises(RuntimeError, match="new thread"):

@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str
+from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str, parse_duration
 from multilock.errors import InvalidOption
 
 from ._errors import redact
 
-__all__ = ["LIBPQ_PARAMETERS", "Settings", "parse_settings"]
+__all__ = ["LIBPQ_PARAMETERS", "MAX_MILLISECONDS", "Settings", "milliseconds", "parse_settings"]
 
 # libpq connection parameters handed on unchanged: TLS, auth, routing, keepalive tuning.
 LIBPQ_PARAMETERS = frozenset(
@@ -62,12 +62,28 @@ LIBPQ_PARAMETERS = frozenset(
     }
 )
 
+MAX_MILLISECONDS = 2**31 - 1
+"""The longest timeout option, in ms: PostgreSQL's and the kernel's limit (an int), 24.9 days."""
+
+
+def _ms_duration(value: object) -> float:
+    """A duration that PostgreSQL (or ``tcp_user_timeout``) will take in milliseconds."""
+    return parse_duration(value, what="duration", maximum=MAX_MILLISECONDS / 1000)
+
+
+def milliseconds(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, rounded up: a short timeout never means "none"."""
+    return max(1, math.ceil(seconds * 1000))
+
+
 _OPTIONS = OptionParser(
     {
         "application_name": as_str,
-        "connect_timeout": as_duration,
-        "health_interval": as_duration,
-        "health_timeout": as_duration,
+        "connect_timeout": _ms_duration,
+        "health_interval": _ms_duration,
+        "health_timeout": _ms_duration,
+        "lock_timeout": _ms_duration,
+        "statement_timeout": _ms_duration,
         "fencing": as_bool,
         "fencing_sequence": as_str,
         "ttl": as_duration,
@@ -76,6 +92,8 @@ _OPTIONS = OptionParser(
         "connect_timeout": 5.0,
         "health_interval": 5.0,
         "health_timeout": 1.0,
+        "lock_timeout": 1.0,
+        "statement_timeout": 5.0,
         "fencing": False,
         "fencing_sequence": "multilock_fence",
         "ttl": 30.0,
@@ -99,6 +117,17 @@ class Settings:
     fencing_sequence: str | None
     """The sequence fencing tokens come from, or ``None`` when fencing is off."""
     ttl: float
+    lock_timeout: float = 1.0
+    """The session's ``lock_timeout``: how long a statement may wait for a lock."""
+    statement_timeout: float = 5.0
+    """The session's ``statement_timeout``: how long the server runs one statement."""
+
+    @property
+    def answer_timeout(self) -> float:
+        """How long a round trip may go unanswered before its socket is cut: the
+        server ends a statement by ``statement_timeout``, its answer then has
+        ``health_timeout`` to arrive."""
+        return self.statement_timeout + self.health_timeout
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``psycopg.Connection.connect`` besides the conninfo."""
@@ -139,7 +168,7 @@ def parse_settings(url: LockURL) -> Settings:
         "keepalives_idle": max(1, math.ceil(interval)),
         "keepalives_interval": 1,
         "keepalives_count": 3,
-        "tcp_user_timeout": max(1000, math.ceil(interval * 1000)),
+        "tcp_user_timeout": max(1000, milliseconds(interval)),
     }
     if len(url.hosts) > 1:
         # Advisory locks taken on a standby do not exclude holders on the primary.
@@ -162,4 +191,6 @@ def parse_settings(url: LockURL) -> Settings:
         health_timeout=float(values["health_timeout"]),
         fencing_sequence=sequence if values["fencing"] else None,
         ttl=float(values["ttl"]),
+        lock_timeout=float(values["lock_timeout"]),
+        statement_timeout=float(values["statement_timeout"]),
     )

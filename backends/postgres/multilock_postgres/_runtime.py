@@ -1,9 +1,9 @@
 """The concurrency primitives the generated sync code swaps for the async ones.
 
 The locker is written once, for asyncio, under ``_async/``; ``scripts/unasync.py``
-renames ``AsyncMutex``, ``AsyncTicker`` and ``AsyncDeadline`` to ``Mutex``,
-``Ticker`` and ``Deadline`` when it generates ``_sync/``. Each pair here has the
-same shape in both worlds.
+renames ``AsyncMutex``, ``AsyncTicker``, ``AsyncDeadline`` and ``AsyncSocketWatch``
+to ``Mutex``, ``Ticker``, ``Deadline`` and ``SocketWatch`` when it generates
+``_sync/``. Each pair here has the same shape in both worlds.
 """
 
 from __future__ import annotations
@@ -11,21 +11,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
+import selectors
 import socket
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import psycopg
 
 from multilock import advisory_key
 
 __all__ = [
     "AsyncDeadline",
     "AsyncMutex",
+    "AsyncSocketWatch",
     "AsyncTicker",
+    "Cut",
     "Deadline",
     "KeyCache",
     "Mutex",
+    "SocketWatch",
     "Ticker",
+    "readable",
     "shut_down",
 ]
 
@@ -167,6 +176,215 @@ class AsyncDeadline:
             self._arm(loop, self.GRACE)
         else:
             self._expire()
+
+
+class SocketWatch:
+    """Calls ``on_readable()`` from a daemon thread when the armed socket has data.
+
+    An idle session's socket is read by nobody: when the server ends the session
+    (``pg_terminate_backend``, a restart, a failover) its last message and the end of
+    the stream wait there until the next round trip. Armed between round trips only,
+    since a round trip's own answer is no news; arming and disarming are one
+    epoll/kqueue registration each, which the waiting thread sees without a wake-up.
+    The thread holds the owner only weakly, as :class:`Ticker` does, and ends when
+    the owner is collected without ``stop()``.
+    """
+
+    def __init__(self, on_readable: Callable[[], None], name: str) -> None:
+        self._on_readable = weakref.WeakMethod(on_readable)
+        self._name = name
+        self._guard = threading.Lock()  # arm/disarm come from callers' threads and stop()
+        self._fd: int | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        # Made with the thread, at the first arm: a locker that never holds a lease
+        # opens no descriptor for its watch.
+        self._selector: selectors.BaseSelector | None = None
+        self._wake_w: socket.socket | None = None
+        weakref.finalize(on_readable.__self__, self._abandon)  # type: ignore[attr-defined]
+
+    def arm(self, fd: int) -> None:
+        """Watch ``fd`` (replacing any other) until :meth:`disarm`."""
+        with self._guard:
+            if self._stopped:
+                return
+            self._unregister()
+            selector = self._selector
+            if selector is None:
+                selector = self._selector = self._start()
+            selector.register(fd, selectors.EVENT_READ)
+            self._fd = fd
+            # select() and poll() read their set when called: a new registration needs
+            # a wake-up to be seen. epoll and kqueue see it at once.
+            if isinstance(selector, selectors.SelectSelector | selectors.PollSelector):
+                self._wake()
+
+    def _start(self) -> selectors.BaseSelector:
+        selector = selectors.DefaultSelector()
+        wake_r, self._wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        selector.register(wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(
+            target=self._run, args=(selector, wake_r), name=self._name, daemon=True
+        )
+        self._thread.start()
+        return selector
+
+    def disarm(self) -> None:
+        """Stop watching (before a round trip, or before the socket is closed)."""
+        with self._guard:
+            self._unregister()
+
+    def _unregister(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None and self._selector is not None:
+            try:
+                self._selector.unregister(fd)
+            except (KeyError, ValueError):  # closed under us: the kernel forgot it already
+                pass
+
+    def _wake(self) -> None:
+        if self._wake_w is not None:
+            try:
+                self._wake_w.send(b"\0")
+            except OSError:  # full, or closed: a wake-up is pending anyway
+                pass
+
+    def _run(self, selector: selectors.BaseSelector, wake_r: socket.socket) -> None:
+        try:
+            while not self._stopped:
+                for key, _ in selector.select():
+                    if key.fileobj is wake_r:
+                        _drain(wake_r)
+                    elif not self._stopped:
+                        self._look()
+        finally:
+            with self._guard:
+                self._selector = None
+                self._fd = None
+            selector.close()
+            wake_r.close()
+            if self._wake_w is not None:
+                self._wake_w.close()
+
+    def _look(self) -> None:
+        on_readable = self._on_readable()
+        if on_readable is None:
+            self._stopped = True
+            return
+        try:
+            on_readable()
+        except Exception:  # the watch must outlive one bad look
+            _log.exception("PostgreSQL session watch failed")
+
+    def _abandon(self) -> None:
+        """The owner is gone without ``stop()``: end the thread, without waiting."""
+        with self._guard:
+            self._stopped = True
+            self._wake()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for a look in progress (unless called from it).
+        Call it without holding the lock ``on_readable`` takes."""
+        with self._guard:
+            self._stopped = True
+            self._unregister()
+            self._wake()
+            thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
+
+
+def _drain(wake_r: socket.socket) -> None:
+    try:
+        while wake_r.recv(4096):
+            pass
+    except OSError:  # nothing more to read
+        pass
+
+
+class AsyncSocketWatch:
+    """:class:`SocketWatch` on the running event loop: a reader callback that starts
+    ``on_readable()`` in a task of its own."""
+
+    def __init__(self, on_readable: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        self._on_readable = weakref.WeakMethod(on_readable)
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        # An owner collected while armed must not leave a reader on a descriptor that
+        # its connection closes: the number would be reused.
+        weakref.finalize(on_readable.__self__, self.disarm)  # type: ignore[attr-defined]
+
+    def arm(self, fd: int) -> None:
+        """Watch ``fd`` (replacing any other) until :meth:`disarm`."""
+        if self._stopped:
+            return
+        self.disarm()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(fd, self._fire)
+        self._loop, self._fd = loop, fd
+
+    def disarm(self) -> None:
+        """Stop watching. psycopg waits for its answers with a reader of its own on the
+        same descriptor, which would replace this one: disarm before every round trip."""
+        fd, self._fd = self._fd, None
+        if fd is not None and self._loop is not None:
+            self._loop.remove_reader(fd)  # a closed loop has nothing left to remove
+
+    def _fire(self) -> None:
+        loop = self._loop
+        self.disarm()  # level-triggered: it would fire again at every turn of the loop
+        on_readable = self._on_readable()
+        if on_readable is not None and loop is not None:
+            self._task = loop.create_task(on_readable(), name=self._name)
+
+    async def stop(self) -> None:
+        """Stop watching and wait for a look in progress (unless called from it)."""
+        self._stopped = True
+        self.disarm()
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            try:
+                await task
+            except RuntimeError:  # the task belongs to a loop that is gone
+                pass
+
+
+def readable(fd: int) -> bool:
+    """Whether ``fd`` has something to read right now (data or the end of the stream)."""
+    poller = select.poll()  # not select(): it cannot take a descriptor past 1023
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class Cut:
+    """Shuts a psycopg connection's socket down (any thread): a call blocked on it fails
+    at once. As a deadline's action, it remembers having cut, so that the failure it
+    causes can say why."""
+
+    def __init__(self, conn: Any, seconds: float) -> None:
+        self._conn = conn  # a psycopg connection, sync or async
+        self.seconds = seconds
+        """The deadline this cut enforces."""
+        self.done = False
+        """Whether it cut."""
+
+    def __call__(self) -> None:
+        self.done = True
+        try:
+            if not self._conn.closed:
+                shut_down(self._conn.pgconn.socket)
+        except psycopg.Error:  # closed meanwhile: nothing left to cut
+            pass
+
+    @property
+    def after(self) -> float | None:
+        """``seconds`` once it cut, else ``None`` (``driver_error``'s ``cut_after``)."""
+        return self.seconds if self.done else None
 
 
 def shut_down(fd: int) -> None:

@@ -92,8 +92,6 @@ _OPTIONS = OptionParser(
         "connect_timeout": 5.0,
         "health_interval": 5.0,
         "health_timeout": 1.0,
-        "lock_timeout": 1.0,
-        "statement_timeout": 5.0,
         "fencing": False,
         "fencing_sequence": "multilock_fence",
         "ttl": 30.0,
@@ -117,17 +115,10 @@ class Settings:
     fencing_sequence: str | None
     """The sequence fencing tokens come from, or ``None`` when fencing is off."""
     ttl: float
-    lock_timeout: float = 1.0
+    lock_timeout: float = 0.5
     """The session's ``lock_timeout``: how long a statement may wait for a lock."""
-    statement_timeout: float = 5.0
+    statement_timeout: float = 0.8
     """The session's ``statement_timeout``: how long the server runs one statement."""
-
-    @property
-    def answer_timeout(self) -> float:
-        """How long a round trip may go unanswered before its socket is cut: the
-        server ends a statement by ``statement_timeout``, its answer then has
-        ``health_timeout`` to arrive."""
-        return self.statement_timeout + self.health_timeout
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``psycopg.Connection.connect`` besides the conninfo."""
@@ -191,6 +182,30 @@ def parse_settings(url: LockURL) -> Settings:
         health_timeout=float(values["health_timeout"]),
         fencing_sequence=sequence if values["fencing"] else None,
         ttl=float(values["ttl"]),
-        lock_timeout=float(values["lock_timeout"]),
-        statement_timeout=float(values["statement_timeout"]),
+        **_server_timeouts(url, values),
     )
+
+
+LOCK_SHARE = 0.5
+"""``lock_timeout``'s default, as a share of ``health_timeout``."""
+STATEMENT_SHARE = 0.8
+"""``statement_timeout``'s default, as a share of ``health_timeout``."""
+
+
+def _server_timeouts(url: LockURL, values: dict[str, Any]) -> dict[str, float]:
+    """``lock_timeout`` and ``statement_timeout``, given or by default, each shorter
+    than ``health_timeout``: a round trip still unanswered after that is cut off with
+    the session (its leases lost), so the server must give up first and answer."""
+    health = float(values["health_timeout"])
+    timeouts = {
+        "lock_timeout": float(values.get("lock_timeout", LOCK_SHARE * health)),
+        "statement_timeout": float(values.get("statement_timeout", STATEMENT_SHARE * health)),
+    }
+    for option, seconds in timeouts.items():
+        if seconds >= health:
+            raise InvalidOption(
+                f"invalid value for option {option!r} of {url.scheme}:// URL: {seconds:g} s is"
+                f" not shorter than health_timeout ({health:g} s), after which a round trip"
+                " is cut off; raise health_timeout too"
+            )
+    return timeouts

@@ -381,11 +381,6 @@ class Cut:
         except psycopg.Error:  # closed meanwhile: nothing left to cut
             pass
 
-    @property
-    def after(self) -> float | None:
-        """``seconds`` once it cut, else ``None`` (``driver_error``'s ``cut_after``)."""
-        return self.seconds if self.done else None
-
 
 def shut_down(fd: int) -> None:
     """Shut down the socket behind ``fd`` in both directions, from any thread: a

@@ -267,8 +267,8 @@ def test_call_stuck_on_a_hung_session_fails_within_the_documented_bound(
     # why (the health check cut it), or it takes the cut for a dead session and
     # reconnects through the same hung path for a whole connect_timeout. Widened: a
     # pause after the cut opens the window a late-recorded reason would leave open.
-    # The bound: health_interval + statement_timeout + health_timeout, whether or not
-    # the locker ever held a lease (issue 24: the check ran only once one was held).
+    # Whether or not the locker ever held a lease (issue 24: the check ran only once
+    # one was held, and a call stuck without one hung).
     if widened:
         real = _runtime.shut_down
 
@@ -282,10 +282,8 @@ def test_call_stuck_on_a_hung_session_fails_within_the_documented_bound(
         postgres_url,
         health_interval=INTERVAL,
         health_timeout=1,
-        statement_timeout=0.5,
         connect_timeout=5,
     )
-    bound = INTERVAL + 0.5 + 1.0
     taken = _name()
     with multilock.connect(make_url()) as peer, multilock.connect(url) as locker:
         held = peer.try_acquire(taken)
@@ -298,9 +296,9 @@ def test_call_stuck_on_a_hung_session_fails_within_the_documented_bound(
             assert locker.try_acquire(taken) is None  # connected, never granted anything
         frozen_proxy.frozen.set()
         started = time.monotonic()
-        with pytest.raises(BackendUnavailable, match=r"did not answer within 1\.5 s"):
+        with pytest.raises(BackendUnavailable, match="did not answer within 1 s"):
             locker.try_acquire(_name())  # nothing held: only the deadline can free it
-        assert time.monotonic() - started <= bound + 0.5
+        assert time.monotonic() - started <= INTERVAL + 1.0 + 0.5
         held.release()
 
 

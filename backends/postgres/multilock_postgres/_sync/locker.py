@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from functools import partial
 from operator import attrgetter
@@ -259,38 +259,36 @@ class PostgresLocker(LockerBase):
     def _health_check(self) -> None:
         """Every ``health_interval``: with leases held, one ``SELECT 1`` on the session.
 
-        A call in flight (it holds the mutex) is given ``statement_timeout``, by which
-        the server ends any statement, plus ``health_timeout`` for the answer to come
-        back; the ``SELECT 1`` is given ``health_timeout``. Past either, the session is
-        cut off and its leases reported lost, even where TCP would not notice (a hung
-        server or proxy): no call on the session blocks past that bound."""
+        The whole check -- waiting for the mutex included, so a caller stuck in a
+        round trip counts -- runs under a deadline of ``health_timeout``: a session
+        that does not answer in time is cut off and its leases reported lost, even
+        where TCP would not notice (a hung server or proxy). The server gives up on a
+        statement sooner (``statement_timeout``, ``lock_timeout``), so a round trip
+        of a live session is answered in time. It runs from the first connect, leases
+        or not: no call on the session blocks past ``health_interval`` +
+        ``health_timeout``."""
         conn = self._conn
         if conn is None:
             return
-        settings = self._settings
         lost: _Lost = []
         try:
-            waiting = Deadline(
-                settings.answer_timeout, partial(self._sever, conn, settings.answer_timeout)
-            )
-            with self._using(waiting):
+            deadline = Deadline(self._settings.health_timeout, partial(self._sever, conn))
+            with self._using(deadline):
                 if self._held and self._conn is conn:
-                    with Deadline(
-                        settings.health_timeout, partial(self._sever, conn, settings.health_timeout)
-                    ):
-                        self._ask(_sql.PING, None, lost, "health check", reconnect=False)
+                    self._ask(_sql.PING, None, lost, "health check", reconnect=False)
         except MultilockError as exc:
             _log.debug("PostgreSQL session health check: %s", exc)
         finally:
             _fire(lost)
 
-    def _sever(self, conn: psycopg.Connection[Any], timeout: float) -> None:
-        """A deadline on session ``conn`` passed. The mutex may be held by a stuck round
-        trip (on another thread, for the sync locker), so this only shuts the socket
-        down -- the stuck call then fails and drops the session -- and reports the
-        leases lost. Nothing, if the session was replaced meanwhile."""
+    def _sever(self, conn: psycopg.Connection[Any]) -> None:
+        """The health check's deadline on session ``conn`` passed. The mutex may be held
+        by a stuck round trip (on another thread, for the sync locker), so this only
+        shuts the socket down -- the stuck call then fails and drops the session -- and
+        reports the leases lost. Nothing, if the session was replaced meanwhile."""
         if self._conn is not conn:
             return
+        timeout = self._settings.health_timeout
         reason = f"the PostgreSQL session did not answer within {timeout:g} s"
         # Recorded before the cut: the stuck call wakes as soon as the socket is shut
         # and must see why, or it would reconnect through the same hung path.
@@ -316,27 +314,24 @@ class PostgresLocker(LockerBase):
     # -- the session --------------------------------------------------------------------
 
     @contextmanager
-    def _using(self, waiting: Deadline | None = None) -> Iterator[None]:
+    def _using(self, deadline: Deadline | None = None) -> Iterator[None]:
         """Hold the session: one round trip at a time, with the socket watch off (an
-        answer is no news) and back on afterwards while leases are held. ``waiting``
-        bounds the wait for the mutex."""
-        if waiting is None:
+        answer is no news) and back on afterwards while leases are held; all of it,
+        the wait for the mutex included, under ``deadline`` if one is given."""
+        with deadline or nullcontext():
             self._mutex.acquire()
-        else:
-            with waiting:
-                self._mutex.acquire()
-        try:
-            self._watch.disarm()
-            yield
-        finally:
             try:
-                conn = self._conn
-                if self._held and conn is not None and not conn.closed:
-                    self._watch.arm(conn.pgconn.socket)
-            except (OSError, psycopg.Error) as exc:  # unusable: the next round trip says why
-                _log.debug("PostgreSQL session watch not armed: %s", exc)
+                self._watch.disarm()
+                yield
             finally:
-                self._mutex.release()
+                try:
+                    conn = self._conn
+                    if self._held and conn is not None and not conn.closed:
+                        self._watch.arm(conn.pgconn.socket)
+                except (OSError, psycopg.Error) as exc:  # unusable: the next call says why
+                    _log.debug("PostgreSQL session watch not armed: %s", exc)
+                finally:
+                    self._mutex.release()
 
     def _ask(
         self,
@@ -485,10 +480,8 @@ class PostgresLocker(LockerBase):
                 if leases:
                     # Unlock before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    cut = Cut(conn, self._settings.answer_timeout)
-                    with Deadline(cut.seconds, cut):
-                        conn.execute(_sql.UNLOCK_ALL)
-            except psycopg.Error as exc:
+                    _answer(conn, self._settings, "unlocking on close", _sql.UNLOCK_ALL)
+            except (psycopg.Error, MultilockError) as exc:  # the session ends anyway
                 _log.debug("unlocking on close: %s", exc)
             finally:
                 conn.close()
@@ -507,13 +500,12 @@ class PostgresLocker(LockerBase):
         # (nor run into its health check's deadline).
         settings = self._settings
         conn = _open(settings)
-        cut = Cut(conn, settings.answer_timeout)
         try:
-            with Deadline(cut.seconds, cut):
-                conn.execute(_sql.SET_TIMEOUTS, _timeouts(settings))
-                rows = (conn.execute(_sql.LOCKS)).fetchall()
+            doing = "listing locks"
+            _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
+            rows = (_answer(conn, settings, doing, _sql.LOCKS)).fetchall()
         except psycopg.Error as exc:
-            raise driver_error(settings.url, exc, "listing locks", cut.after) from None
+            raise driver_error(settings.url, exc, "listing locks") from None
         finally:
             conn.close()
         mine = dict(self._held)
@@ -552,30 +544,45 @@ def _open(settings: Settings) -> psycopg.Connection[Any]:
 
 def _prepare_session(conn: psycopg.Connection[Any], settings: Settings) -> tuple[str, str] | None:
     """Set the session's timeouts, then find (or make) and check the fencing sequence;
-    its schema and name. Each step is bounded: by the server's timeouts once set, and
-    a server that does not answer by a deadline that cuts the socket."""
-    cut = Cut(conn, settings.answer_timeout)
+    its schema and name. Each round trip is bounded (see ``_answer``)."""
+    try:
+        doing = "setting the session's timeouts"
+        _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
+    except psycopg.Error as exc:
+        raise driver_error(settings.url, exc, doing) from None
+    sequence = settings.fencing_sequence
+    if sequence is None:
+        return None
+    doing = f"preparing the fencing sequence {sequence!r}"
+    try:
+        look, create = _sql.ensure_sequence(sequence)
+        row = (_answer(conn, settings, doing, look)).fetchone()
+        if row is None:
+            _answer(conn, settings, doing, create)
+            row = (_answer(conn, settings, doing, look)).fetchone()
+        return check_sequence(settings.url, sequence, row)
+    except psycopg.Error as exc:
+        raise fencing_error(settings.url, sequence, exc) from None
+
+
+def _answer(
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    doing: str,
+    query: Any,
+    params: Sequence[Any] | None = None,
+) -> psycopg.Cursor[Any]:
+    """``conn.execute`` on a connection other than a set-up session (being set up, or
+    one of its own), whose socket is cut if it gets no answer within ``health_timeout``
+    -- then ``BackendUnavailable`` saying so. Other errors are psycopg's."""
+    cut = Cut(conn, settings.health_timeout)
     with Deadline(cut.seconds, cut):
         try:
-            conn.execute(_sql.SET_TIMEOUTS, _timeouts(settings))
-        except psycopg.Error as exc:
-            doing = "setting the session's timeouts"
-            raise driver_error(settings.url, exc, doing, cut.after) from None
-        sequence = settings.fencing_sequence
-        if sequence is None:
-            return None
-        try:
-            look, create = _sql.ensure_sequence(sequence)
-            row = (conn.execute(look)).fetchone()
-            if row is None:
-                conn.execute(create)
-                row = (conn.execute(look)).fetchone()
-            return check_sequence(settings.url, sequence, row)
+            return conn.execute(query, params)
         except psycopg.Error as exc:
             if cut.done:
-                doing = f"preparing the fencing sequence {sequence!r}"
-                raise driver_error(settings.url, exc, doing, cut.after) from None
-            raise fencing_error(settings.url, sequence, exc) from None
+                raise driver_error(settings.url, exc, doing, cut.seconds) from None
+            raise
 
 
 def _timeouts(settings: Settings) -> tuple[str, str]:

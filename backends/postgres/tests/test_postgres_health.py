@@ -420,7 +420,7 @@ def test_a_notification_on_the_idle_session_is_no_loss(
         assert isinstance(locker, PostgresLocker)
         lease = locker.try_acquire(_name())
         assert lease is not None
-        with locker._using():
+        with locker._holding:
             assert locker._cursor is not None
             locker._cursor.execute(f"LISTEN {channel}")
         pid = locker.session_pid
@@ -456,8 +456,9 @@ with multilock.connect(url) as locker:
     kill(locker.session_pid)
     assert lease.lost.wait(5)
     other = locker.try_acquire_many(["stderr-b", "stderr-c"])
+    with locker._mutex:
+        locker._watch.clear()  # a call meets the dead session before the watch does
     kill(locker.session_pid)
-    locker._watch.disarm()  # a call meets the dead session before the watch does
     try:
         locker.try_acquire_many(["stderr-d"])
     except MultilockError:
@@ -471,7 +472,7 @@ async def main():
         kill(locker.session_pid)
         await asyncio.wait_for(lease.lost, 5)
         lease = await locker.try_acquire("stderr-f")
-        locker._watch.disarm()
+        locker._watch.clear()
         kill(locker.session_pid)
         try:
             await lease.extend()

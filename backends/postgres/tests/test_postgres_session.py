@@ -111,7 +111,7 @@ def test_suspect_keys_are_unlocked_before_the_next_query(
         # granted to the session, with no lease. Planted here by locking them directly,
         # holding the session as the locker's own round trips do.
         keys = [advisory_key(first), advisory_key(second)]
-        with locker._using():
+        with locker._holding:
             assert locker._cursor is not None
             locker._cursor.execute(
                 "SELECT pg_advisory_lock(k) FROM unnest(%s::bigint[]) AS k", [keys]

@@ -55,7 +55,7 @@ def _name() -> str:
 
 
 def _show(locker: PostgresLocker, setting: str) -> str:
-    with locker._using():
+    with locker._holding:
         assert locker._cursor is not None
         row = locker._cursor.execute(f"SHOW {setting}").fetchone()
     assert row is not None

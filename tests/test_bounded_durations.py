@@ -116,3 +116,25 @@ def test_a_ttl_option_past_the_maximum_is_refused(url: str) -> None:
     separator = "&" if "?" in url else "?"
     with pytest.raises(ConfigurationError, match="maximum"):
         multilock.connect(f"{url}{separator}ttl=1e12")
+
+
+@pytest.mark.parametrize(
+    "option", ["skew_tolerance", "misfire_grace", "stop_timeout", "lease_ttl", "leader_poll"]
+)
+def test_scheduler_durations_past_the_maximum_are_refused(memory_url: str, option: str) -> None:
+    options: dict[str, Any] = {option: 10**30}
+    if option == "leader_poll":
+        options["coordination"] = "leader"
+    with pytest.raises(ConfigurationError, match=f"invalid {option}: .* maximum"):
+        multilock.Scheduler(lock=memory_url, **options)
+
+
+def test_job_durations_past_the_maximum_are_refused(memory_url: str) -> None:
+    scheduler = multilock.Scheduler(lock=memory_url, metrics=False)
+    with pytest.raises(ConfigurationError, match=r"invalid timeout: .* maximum"):
+        scheduler.add_job(lambda: None, multilock.every(minutes=1), timeout=1e12)
+    with pytest.raises(ConfigurationError, match=r"invalid misfire_grace: .* maximum"):
+        scheduler.add_job(lambda: None, multilock.every(minutes=1), misfire_grace=1e12)
+    for interval in ("1e12", 10**30):
+        with pytest.raises(ConfigurationError, match="maximum"):
+            multilock.every(interval)

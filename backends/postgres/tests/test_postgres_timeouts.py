@@ -62,27 +62,24 @@ def _show(locker: PostgresLocker, setting: str) -> str:
     return str(row[0])
 
 
-def test_the_session_sets_its_timeouts(make_url: Callable[..., str]) -> None:
-    with multilock.connect(make_url()) as locker:
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, ("500ms", "800ms")),  # by default half and four fifths of health_timeout (1 s)
+        (
+            {"lock_timeout": "250ms", "statement_timeout": "2m", "health_timeout": "3m"},
+            ("250ms", "2min"),
+        ),
+    ],
+)
+def test_the_session_sets_its_timeouts(
+    make_url: Callable[..., str], options: dict[str, str], expected: tuple[str, str]
+) -> None:
+    with multilock.connect(make_url(**options)) as locker:
         assert isinstance(locker, PostgresLocker)
-        assert locker.try_acquire_many([]) == {}
         lease = locker.try_acquire(_name())
         assert lease is not None
-        # By default half and four fifths of health_timeout (1 s).
-        assert (_show(locker, "lock_timeout"), _show(locker, "statement_timeout")) == (
-            "500ms",
-            "800ms",
-        )
-        lease.release()
-    url = make_url(lock_timeout="250ms", statement_timeout="2m", health_timeout="3m")
-    with multilock.connect(url) as locker:
-        assert isinstance(locker, PostgresLocker)
-        lease = locker.try_acquire(_name())
-        assert lease is not None
-        assert (_show(locker, "lock_timeout"), _show(locker, "statement_timeout")) == (
-            "250ms",
-            "2min",
-        )
+        assert (_show(locker, "lock_timeout"), _show(locker, "statement_timeout")) == expected
         lease.release()
 
 
@@ -189,28 +186,21 @@ def _through(proxy: FreezableProxy, postgres_url: str) -> str:
 
 
 def _freeze_once_connected(
-    monkeypatch: pytest.MonkeyPatch, module: Any, proxy: FreezableProxy, after: int = 0
+    monkeypatch: pytest.MonkeyPatch, module: Any, proxy: FreezableProxy
 ) -> None:
-    """Freeze the proxy the moment the ``after``-th next connection of ``module`` is
-    made: the server is reached, then never answers again."""
+    """Freeze the proxy the moment ``module`` has made its next connection: the server
+    is reached, then never answers again."""
     real = module._open
-    seen = 0
+
+    def frozen(conn: Any) -> Any:
+        proxy.frozen.set()
+        return conn
 
     def open_then_freeze(*args: Any) -> Any:
-        nonlocal seen
-        conn = real(*args)
-        seen += 1
-        if seen > after:
-            proxy.frozen.set()
-        return conn
+        return frozen(real(*args))
 
     async def async_open_then_freeze(*args: Any) -> Any:
-        nonlocal seen
-        conn = await real(*args)
-        seen += 1
-        if seen > after:
-            proxy.frozen.set()
-        return conn
+        return frozen(await real(*args))
 
     is_async = asyncio.iscoroutinefunction(real)
     monkeypatch.setattr(module, "_open", async_open_then_freeze if is_async else open_then_freeze)

@@ -391,9 +391,10 @@ class AsyncPostgresLocker(AsyncLockerBase):
         try:
             return await self._ask(query, params, lost, "try_acquire")
         except BaseException as exc:
-            self._suspects.update(keys)
-            if isinstance(exc, Exception):
-                await self._unlock_suspects_now()
+            if self._cursor is not None:  # else the session died, and its locks with it
+                self._suspects.update(keys)
+                if isinstance(exc, Exception):
+                    await self._unlock_suspects_now()
             raise
 
     async def _unlock_suspects_now(self) -> None:

@@ -392,9 +392,10 @@ class PostgresLocker(LockerBase):
         try:
             return self._ask(query, params, lost, "try_acquire")
         except BaseException as exc:
-            self._suspects.update(keys)
-            if isinstance(exc, Exception):
-                self._unlock_suspects_now()
+            if self._cursor is not None:  # else the session died, and its locks with it
+                self._suspects.update(keys)
+                if isinstance(exc, Exception):
+                    self._unlock_suspects_now()
             raise
 
     def _unlock_suspects_now(self) -> None:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from ._durations import Duration, parse_duration
+from ._durations import MAX_DURATION, Duration, parse_duration
 from ._signal import LostSignal
 from ._url import LockURL
 from .abc import Capability, LockInfo
@@ -81,6 +81,8 @@ class _LeaseState:
     """What both lease bases share: identity, expiry, the lost signal."""
 
     __slots__ = ("_released", "expires_at", "fencing_token", "key", "lost", "name", "token")
+    max_ttl: float = MAX_DURATION
+    """The longest ttl ``extend()`` accepts (a backend with a lower limit sets its own)."""
 
     def __init__(
         self,
@@ -116,6 +118,12 @@ class _LeaseState:
     def _set_expiry(self, ttl: float | None) -> None:
         self.expires_at = _expiry(ttl)
 
+    def _extend_ttl(self, ttl: Duration | None) -> float | None:
+        """``extend()``'s ttl checked, before the lease or the server is asked anything."""
+        seconds = None if ttl is None else parse_duration(ttl, what="ttl", maximum=self.max_ttl)
+        self._check_extendable()
+        return seconds
+
     def __repr__(self) -> str:
         state = "released" if self._released else ("lost" if self.lost.is_set() else "held")
         fence = "" if self.fencing_token is None else f" fencing_token={self.fencing_token}"
@@ -138,9 +146,7 @@ class LeaseBase(_LeaseState):
 
     def extend(self, ttl: Duration | None = None) -> None:
         """Push the expiry ``ttl`` (default: the acquire ttl) into the future."""
-        self._check_extendable()
-        seconds = None if ttl is None else parse_duration(ttl, what="ttl")
-        self._set_expiry(self._extend(seconds))
+        self._set_expiry(self._extend(self._extend_ttl(ttl)))
 
     def _release(self) -> bool:
         raise NotImplementedError
@@ -186,9 +192,7 @@ class AsyncLeaseBase(_LeaseState):
 
     async def extend(self, ttl: Duration | None = None) -> None:
         """Push the expiry ``ttl`` (default: the acquire ttl) into the future."""
-        self._check_extendable()
-        seconds = None if ttl is None else parse_duration(ttl, what="ttl")
-        self._set_expiry(await self._extend(seconds))
+        self._set_expiry(await self._extend(self._extend_ttl(ttl)))
 
     async def _release(self) -> bool:
         raise NotImplementedError
@@ -294,10 +298,11 @@ async def _settled(outcome: Outcome[Any]) -> None:
 class _LockerCommon:
     capabilities: frozenset[Capability] = frozenset()
     max_name_length: int | None = None  # in UTF-8 bytes, where the backend has a limit
+    max_ttl: float = MAX_DURATION  # in seconds; a backend with a lower limit sets its own
 
     def __init__(self, url: LockURL, *, default_ttl: float) -> None:
         self._url = url
-        self.default_ttl = default_ttl
+        self.default_ttl = parse_duration(default_ttl, what="default ttl", maximum=self.max_ttl)
         self._closed = False
 
     @property
@@ -328,7 +333,10 @@ class _LockerCommon:
         return name
 
     def _ttl(self, ttl: Duration | None) -> float:
-        return self.default_ttl if ttl is None else parse_duration(ttl, what="ttl")
+        """The acquire's ttl, checked (at most ``max_ttl``) before any server is asked."""
+        if ttl is None:
+            return self.default_ttl
+        return parse_duration(ttl, what="ttl", maximum=self.max_ttl)
 
     def _names(self, names: Iterable[str]) -> list[str]:
         checked = [self._check(name) for name in names]

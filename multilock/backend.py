@@ -18,7 +18,7 @@ from ._base import (
     finish_shielded,
     new_token,
 )
-from ._durations import Duration, parse_duration
+from ._durations import MAX_DURATION, Duration, parse_duration
 from ._registry import ENTRY_POINT_GROUP
 from ._signal import LostSignal
 from ._url import LockURL, OptionParser, as_bool, as_duration, as_int, as_str, mask_url, quote_name
@@ -26,6 +26,7 @@ from .abc import Backend, Capability, ConformanceHooks
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "MAX_DURATION",
     "AsyncLeaseBase",
     "AsyncLockerBase",
     "Backend",

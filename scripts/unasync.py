@@ -51,6 +51,7 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "AsyncCursor": "Cursor",
             "AsyncDeadline": "Deadline",
             "AsyncMutex": "Mutex",
+            "AsyncSocketWatch": "SocketWatch",
             "AsyncTicker": "Ticker",
             "AsyncPostgresLease": "PostgresLease",
             "AsyncPostgresLocker": "PostgresLocker",

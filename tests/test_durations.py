@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from multilock.backend import parse_duration
+from multilock.backend import MAX_DURATION, parse_duration
 from multilock.errors import ConfigurationError
 
 
@@ -63,3 +63,25 @@ def test_rejected_with_the_value_in_the_message(value: object, fragment: str) ->
 def test_configuration_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration("soon")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [1e12, 10**30, 10**400, timedelta.max, "99999999999999999999999d", MAX_DURATION * 2],
+    ids=repr,
+)
+def test_longer_than_the_maximum_is_one_short_line(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="longer than the maximum") as info:
+        parse_duration(value, what="ttl")
+    message = str(info.value)
+    assert "100 years" in message
+    assert "\n" not in message
+    assert len(message) < 200  # a 400-digit int is shown cut short
+
+
+def test_the_maximum_is_inclusive_and_can_be_lowered() -> None:
+    assert parse_duration(MAX_DURATION) == MAX_DURATION
+    assert parse_duration(int(MAX_DURATION)) == MAX_DURATION
+    assert parse_duration("2s", maximum=2.0) == 2.0
+    with pytest.raises(ConfigurationError, match=r"invalid timeout: '2\.5s' .* maximum of 2 s"):
+        parse_duration("2.5s", what="timeout", maximum=2.0)

@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str
+from multilock.backend import LockURL, OptionParser, as_bool, as_duration, as_str, parse_duration
 from multilock.errors import InvalidOption
 
 from ._errors import redact
 
-__all__ = ["LIBPQ_PARAMETERS", "Settings", "parse_settings"]
+__all__ = ["LIBPQ_PARAMETERS", "MAX_MILLISECONDS", "Settings", "milliseconds", "parse_settings"]
 
 # libpq connection parameters handed on unchanged: TLS, auth, routing, keepalive tuning.
 LIBPQ_PARAMETERS = frozenset(
@@ -62,12 +62,28 @@ LIBPQ_PARAMETERS = frozenset(
     }
 )
 
+MAX_MILLISECONDS = 2**31 - 1
+"""The longest timeout option, in ms: PostgreSQL's and the kernel's limit (an int), 24.9 days."""
+
+
+def _ms_duration(value: object) -> float:
+    """A duration that PostgreSQL (or ``tcp_user_timeout``) will take in milliseconds."""
+    return parse_duration(value, what="duration", maximum=MAX_MILLISECONDS / 1000)
+
+
+def milliseconds(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, rounded up: a short timeout never means "none"."""
+    return max(1, math.ceil(seconds * 1000))
+
+
 _OPTIONS = OptionParser(
     {
         "application_name": as_str,
-        "connect_timeout": as_duration,
-        "health_interval": as_duration,
-        "health_timeout": as_duration,
+        "connect_timeout": _ms_duration,
+        "health_interval": _ms_duration,
+        "health_timeout": _ms_duration,
+        "lock_timeout": _ms_duration,
+        "statement_timeout": _ms_duration,
         "fencing": as_bool,
         "fencing_sequence": as_str,
         "ttl": as_duration,
@@ -102,6 +118,10 @@ class Settings:
     fencing_sequence: str | None
     """The sequence fencing tokens come from, or ``None`` when fencing is off."""
     ttl: float
+    lock_timeout: float = 0.5
+    """The session's ``lock_timeout``: how long a statement may wait for a lock."""
+    statement_timeout: float = 0.8
+    """The session's ``statement_timeout``: how long the server runs one statement."""
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``psycopg.Connection.connect`` besides the conninfo."""
@@ -159,7 +179,7 @@ def parse_settings(url: LockURL) -> Settings:
         "keepalives_idle": max(1, math.ceil(interval)),
         "keepalives_interval": 1,
         "keepalives_count": 3,
-        "tcp_user_timeout": max(1000, math.ceil(interval * 1000)),
+        "tcp_user_timeout": max(1000, milliseconds(interval)),
     }
     if len(url.hosts) > 1:
         # Advisory locks taken on a standby do not exclude holders on the primary.
@@ -184,4 +204,30 @@ def parse_settings(url: LockURL) -> Settings:
         health_timeout=float(values["health_timeout"]),
         fencing_sequence=sequence if values["fencing"] else None,
         ttl=float(values["ttl"]),
+        **_server_timeouts(url, values),
     )
+
+
+LOCK_SHARE = 0.5
+"""``lock_timeout``'s default, as a share of ``health_timeout``."""
+STATEMENT_SHARE = 0.8
+"""``statement_timeout``'s default, as a share of ``health_timeout``."""
+
+
+def _server_timeouts(url: LockURL, values: dict[str, Any]) -> dict[str, float]:
+    """``lock_timeout`` and ``statement_timeout``, given or by default, each shorter
+    than ``health_timeout``: a round trip still unanswered after that is cut off with
+    the session (its leases lost), so the server must give up first and answer."""
+    health = float(values["health_timeout"])
+    timeouts = {
+        "lock_timeout": float(values.get("lock_timeout", LOCK_SHARE * health)),
+        "statement_timeout": float(values.get("statement_timeout", STATEMENT_SHARE * health)),
+    }
+    for option, seconds in timeouts.items():
+        if seconds >= health:
+            raise InvalidOption(
+                f"invalid value for option {option!r} of {url.scheme}:// URL: {seconds:g} s is"
+                f" not shorter than health_timeout ({health:g} s), after which a round trip"
+                " is cut off; raise health_timeout too"
+            )
+    return timeouts

@@ -1,9 +1,9 @@
 """The concurrency primitives the generated sync code swaps for the async ones.
 
 The locker is written once, for asyncio, under ``_async/``; ``scripts/unasync.py``
-renames ``AsyncMutex``, ``AsyncTicker`` and ``AsyncDeadline`` to ``Mutex``,
-``Ticker`` and ``Deadline`` when it generates ``_sync/``. Each pair here has the
-same shape in both worlds.
+renames ``AsyncMutex``, ``AsyncTicker``, ``AsyncDeadline`` and ``AsyncSocketWatch``
+to ``Mutex``, ``Ticker``, ``Deadline`` and ``SocketWatch`` when it generates
+``_sync/``. Each pair here has the same shape in both worlds.
 """
 
 from __future__ import annotations
@@ -11,21 +11,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
+import selectors
 import socket
 import threading
+import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import psycopg
 
 from multilock import advisory_key
 
 __all__ = [
     "AsyncDeadline",
     "AsyncMutex",
+    "AsyncSocketWatch",
     "AsyncTicker",
+    "Cut",
     "Deadline",
     "KeyCache",
     "Mutex",
+    "SocketWatch",
     "Ticker",
+    "readable",
     "shut_down",
 ]
 
@@ -167,6 +177,282 @@ class AsyncDeadline:
             self._arm(loop, self.GRACE)
         else:
             self._expire()
+
+
+SETTLE = 0.02
+"""Seconds a session stays idle before its socket is watched. Watching costs system
+calls (and, for asyncio, a reader handle) that a busy session would pay on every
+round trip; a busy session's next round trip meets a dead session itself. Either
+way the loss is seen within about this long."""
+
+
+class SocketWatch:
+    """Calls ``on_readable()`` from a daemon thread when an idle session's socket has
+    something to read.
+
+    Nobody reads an idle session's socket: when the server ends the session
+    (``pg_terminate_backend``, a restart, a failover) its last message and the end of
+    the stream wait there until the next round trip. The locker says when a round
+    trip starts (:meth:`busy`) and ends (:meth:`idle`, or :meth:`clear` once no
+    lease is held), under its mutex; once the session has been idle for
+    :data:`SETTLE` seconds, the thread registers the socket (taking the mutex for
+    that instant, so that no round trip is in flight), and a round trip unregisters
+    it. A session in steady use thus costs no system call per round trip. The thread
+    holds the owner only weakly, as :class:`Ticker` does, and ends when the owner is
+    collected without ``stop()``.
+    """
+
+    def __init__(self, mutex: threading.Lock, on_readable: Callable[[], None], name: str) -> None:
+        self._mutex = mutex
+        self._on_readable = weakref.WeakMethod(on_readable)
+        self._name = name
+        self._fd: int | None = None  # the socket to watch once idle; None: nothing to watch
+        self._idle_at = 0.0
+        self._armed: int | None = None  # the descriptor registered, while it is
+        self._forever = False  # the thread waits with no timeout: wake it for news
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        # Made with the thread: a locker that never holds a lease opens no descriptor.
+        self._selector: selectors.BaseSelector | None = None
+        self._wake_w: socket.socket | None = None
+        weakref.finalize(on_readable.__self__, self._abandon)  # type: ignore[attr-defined]
+
+    def busy(self) -> None:
+        """A round trip starts (caller holds the mutex): its answer is no news."""
+        if self._armed is not None:
+            self._unregister()
+            if threading.current_thread() is not self._thread:
+                self._wake()  # it waits on the socket alone: back to waiting for idleness
+
+    def idle(self, fd: int) -> None:
+        """The session on ``fd`` is idle from now on, with leases held (caller holds
+        the mutex)."""
+        self._fd = fd
+        self._idle_at = time.monotonic()
+        if self._thread is None and not self._stopped:
+            self._start()
+        elif self._forever:
+            self._wake()
+
+    def clear(self) -> None:
+        """Nothing to watch: no lease held, or no session (caller holds the mutex)."""
+        self._fd = None
+        if self._armed is not None:
+            self._unregister()
+
+    def _start(self) -> None:
+        selector = self._selector = selectors.DefaultSelector()
+        wake_r, self._wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        selector.register(wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(
+            target=self._run, args=(selector, wake_r), name=self._name, daemon=True
+        )
+        self._thread.start()
+
+    def _unregister(self) -> None:
+        fd, self._armed = self._armed, None
+        if fd is not None and self._selector is not None:
+            try:
+                self._selector.unregister(fd)
+            except (KeyError, ValueError, OSError):  # closed under us: the kernel forgot it
+                pass
+
+    def _wake(self) -> None:
+        if self._wake_w is not None:
+            try:
+                self._wake_w.send(b"\0")
+            except OSError:  # full, or closed: a wake-up is pending anyway
+                pass
+
+    def _timeout(self) -> float | None:
+        if self._armed is not None or self._fd is None:
+            self._forever = True
+            return None
+        self._forever = False
+        return max(0.0, self._idle_at + SETTLE - time.monotonic())
+
+    def _run(self, selector: selectors.BaseSelector, wake_r: socket.socket) -> None:
+        try:
+            while not self._stopped:
+                for key, _ in selector.select(self._timeout()):
+                    if key.fileobj is wake_r:
+                        _drain(wake_r)
+                    elif not self._stopped:
+                        self._look()
+                if self._armed is None and self._fd is not None and not self._stopped:
+                    self._arm_if_settled(selector)
+        finally:
+            self._selector = None
+            selector.close()
+            wake_r.close()
+            if self._wake_w is not None:
+                self._wake_w.close()
+
+    def _arm_if_settled(self, selector: selectors.BaseSelector) -> None:
+        if time.monotonic() < self._idle_at + SETTLE:
+            return
+        # Blocking: a round trip in flight ends within its deadline, and then says
+        # whether the session is idle; polling instead would spin meanwhile.
+        with self._mutex:
+            fd = self._fd
+            if fd is None or self._armed is not None or time.monotonic() < self._idle_at + SETTLE:
+                return
+            try:
+                selector.register(fd, selectors.EVENT_READ)
+            except (KeyError, ValueError, OSError) as exc:  # closed: the next call says why
+                _log.debug("PostgreSQL session watch not armed: %s", exc)
+                return
+            self._armed = fd
+
+    def _look(self) -> None:
+        on_readable = self._on_readable()
+        if on_readable is None:
+            self._stopped = True
+            return
+        try:
+            on_readable()
+        except Exception:  # the watch must outlive one bad look
+            _log.exception("PostgreSQL session watch failed")
+
+    def _abandon(self) -> None:
+        """The owner is gone without ``stop()``: end the thread, without waiting."""
+        self._stopped = True
+        self._wake()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for a look in progress (unless called from it).
+        Call it without holding the mutex."""
+        self._stopped = True
+        self._wake()
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
+
+
+def _drain(wake_r: socket.socket) -> None:
+    try:
+        while wake_r.recv(4096):
+            pass
+    except OSError:  # nothing more to read
+        pass
+
+
+class AsyncSocketWatch:
+    """:class:`SocketWatch` on the running event loop: a timer arms a reader once the
+    session has been idle for :data:`SETTLE`, and the reader starts ``on_readable()``
+    in a task of its own. psycopg waits for its answers with a reader of its own on
+    the same descriptor, which would replace this one: :meth:`busy` removes it first."""
+
+    def __init__(
+        self,
+        mutex: asyncio.Lock,
+        on_readable: Callable[[], Coroutine[Any, Any, None]],
+        name: str,
+    ) -> None:
+        self._mutex = mutex
+        self._on_readable = weakref.WeakMethod(on_readable)
+        self._name = name
+        self._fd: int | None = None
+        self._idle_at = 0.0
+        self._armed: tuple[asyncio.AbstractEventLoop, int] | None = None  # the reader's
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        # An owner collected while armed must not leave a reader on a descriptor that
+        # its connection closes: the number would be reused.
+        weakref.finalize(on_readable.__self__, self._unregister)  # type: ignore[attr-defined]
+
+    def busy(self) -> None:
+        """A round trip starts (caller holds the mutex): its answer is no news."""
+        if self._armed is not None:
+            self._unregister()
+
+    def idle(self, fd: int) -> None:
+        """The session on ``fd`` is idle from now on, with leases held."""
+        loop = asyncio.get_running_loop()
+        self._fd = fd
+        self._idle_at = loop.time()
+        if self._timer_loop is not loop:  # none yet, or one of a loop that has ended
+            self._timer = None
+        if self._timer is None and not self._stopped:
+            self._timer_loop = loop
+            self._timer = loop.call_at(self._idle_at + SETTLE, self._settled, loop)
+
+    def clear(self) -> None:
+        """Nothing to watch: no lease held, or no session."""
+        self._fd = None
+        if self._armed is not None:
+            self._unregister()
+
+    def _settled(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        fd = self._fd
+        if fd is None or self._armed is not None or self._stopped or self._mutex.locked():
+            return  # nothing to watch, or a round trip in flight: its idle() comes next
+        due = self._idle_at + SETTLE
+        if loop.time() < due:
+            self._timer = loop.call_at(due, self._settled, loop)
+            return
+        loop.add_reader(fd, self._fire)
+        self._armed = (loop, fd)
+
+    def _unregister(self) -> None:
+        armed, self._armed = self._armed, None
+        if armed is not None:
+            loop, fd = armed
+            loop.remove_reader(fd)  # a closed loop has nothing left to remove
+
+    def _fire(self) -> None:
+        armed = self._armed
+        self._unregister()  # level-triggered: it would fire at every turn of the loop
+        on_readable = self._on_readable()
+        if on_readable is not None and armed is not None:
+            self._task = armed[0].create_task(on_readable(), name=self._name)
+
+    async def stop(self) -> None:
+        """Stop watching and wait for a look in progress (unless called from it)."""
+        self._stopped = True
+        self.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            try:
+                await task
+            except RuntimeError:  # the task belongs to a loop that is gone
+                pass
+
+
+def readable(fd: int) -> bool:
+    """Whether ``fd`` has something to read right now (data or the end of the stream)."""
+    poller = select.poll()  # not select(): it cannot take a descriptor past 1023
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class Cut:
+    """Shuts a psycopg connection's socket down (any thread): a call blocked on it fails
+    at once. As a deadline's action, it remembers having cut, so that the failure it
+    causes can say why."""
+
+    def __init__(self, conn: Any, seconds: float) -> None:
+        self._conn = conn  # a psycopg connection, sync or async
+        self.seconds = seconds
+        """The deadline this cut enforces."""
+        self.done = False
+        """Whether it cut."""
+
+    def __call__(self) -> None:
+        self.done = True
+        try:
+            if not self._conn.closed:
+                shut_down(self._conn.pgconn.socket)
+        except psycopg.Error:  # closed meanwhile: nothing left to cut
+            pass
 
 
 def shut_down(fd: int) -> None:

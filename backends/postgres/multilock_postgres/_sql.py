@@ -13,6 +13,7 @@ from psycopg.pq import Format
 __all__ = [
     "LOCKS",
     "PING",
+    "SET_TIMEOUTS",
     "UNLOCK",
     "UNLOCK_ALL",
     "UNLOCK_MANY",
@@ -25,6 +26,9 @@ __all__ = [
 ]
 
 PING = "SELECT 1"
+SET_TIMEOUTS = (
+    "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)"
+)
 UNLOCK = "SELECT pg_advisory_unlock(%b)"
 UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
 UNLOCK_MANY = "SELECT pg_advisory_unlock(k) FROM unnest(%b::bigint[]) AS k"
@@ -61,11 +65,13 @@ class Statements:
     lock_many: str
 
 
-def statements(sequence: str | None) -> Statements:
-    """The acquire statements, fenced by ``sequence`` when it is given."""
+def statements(sequence: tuple[str, str] | None) -> Statements:
+    """The acquire statements, fenced by ``sequence`` (schema, name) when it is given:
+    named with its schema, so that no ``search_path`` can put another in its place."""
     token: sql.Composable = sql.SQL("NULL::bigint")
     if sequence is not None:
-        token = sql.SQL("nextval({})").format(sql.Literal(sequence))
+        qualified = sql.Identifier(*sequence).as_string(None)
+        token = sql.SQL("nextval({})").format(sql.Literal(qualified))
     granted = sql.SQL("CASE WHEN pg_try_advisory_lock({key}) THEN {token} ELSE 0 END")
     # The locks are taken in a WITH query: one with volatile functions is evaluated
     # exactly once per row, never inlined into the outer query, where the filter
@@ -116,18 +122,31 @@ def bigint_array(keys: list[int]) -> BigintArray:
 
 
 def ensure_sequence(sequence: str) -> tuple[sql.Composed, sql.Composed]:
-    """(look-up, creation) statements for the fencing sequence; the look-up returns
-    its cache size and whether this role may use it, or no row when it is missing.
+    """(look-up, creation) statements for the fencing sequence ``name`` or
+    ``schema.name``. The look-up returns no row when nothing has that name, else one
+    row: schema, name, relkind, cache size (``NULL`` if not a sequence), whether the
+    current role owns it, its owner, the current role, whether this role may use it,
+    and the other roles that may ``setval`` it (``UPDATE``), comma-separated.
 
-    Look first and create only when missing, so that a role without CREATE
-    privilege can use a sequence an administrator made. ``CACHE 1`` matters:
-    with a larger cache each session hands out its own block of numbers and
-    tokens would no longer increase across holders.
+    Look first and create only when missing, so that a role without CREATE privilege
+    can use a sequence an administrator made for it. ``CACHE 1`` matters: with a
+    larger cache each session hands out its own block of numbers and tokens would no
+    longer increase across holders. The catalogs, not ``pg_sequences``: that view
+    reads the sequence itself, which waits for a lock on it.
     """
     look = sql.SQL(
-        "SELECT s.cache_size, has_sequence_privilege(to_regclass({name}), 'USAGE')"
-        " FROM pg_sequences AS s"
-        " WHERE format('%I.%I', s.schemaname, s.sequencename)::regclass = to_regclass({name})"
+        "SELECT n.nspname, c.relname, c.relkind, s.seqcache,"
+        " c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user),"
+        " pg_get_userbyid(c.relowner), current_user::text,"
+        " CASE c.relkind WHEN 'S' THEN has_sequence_privilege(c.oid, 'USAGE') END,"
+        " (SELECT string_agg(DISTINCT CASE a.grantee WHEN 0 THEN 'PUBLIC'"
+        " ELSE pg_get_userbyid(a.grantee) END, ', ')"
+        " FROM aclexplode(c.relacl) AS a"
+        " WHERE a.grantee <> c.relowner AND a.privilege_type = 'UPDATE')"
+        " FROM pg_class AS c"
+        " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_sequence AS s ON s.seqrelid = c.oid"
+        " WHERE c.oid = to_regclass({name})"
     ).format(name=sql.Literal(sequence))
     create = sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} AS bigint MINVALUE 1 CACHE 1").format(
         sql.Identifier(*sequence.split("."))

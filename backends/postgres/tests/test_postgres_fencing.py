@@ -15,6 +15,7 @@ import pytest
 import multilock
 from multilock import Capability
 from multilock.errors import ConfigurationError
+from multilock_postgres import PostgresLocker
 
 
 @pytest.fixture
@@ -126,29 +127,105 @@ def test_a_sequence_with_a_cache_is_refused(
         locker.try_acquire("x")
 
 
-def test_a_role_without_create_privilege_gets_a_clear_error_then_works_once_granted(
-    postgres_url: str, sequence: str, admin: psycopg.Connection[Any]
-) -> None:
+@pytest.fixture
+def other_role(admin: psycopg.Connection[Any]) -> Iterator[str]:
+    """A second login role (no CREATE on public), dropped with what it owns afterwards."""
     role = f"mlpg_role_{uuid.uuid4().hex[:10]}"
     admin.execute(f"CREATE ROLE {role} LOGIN")
-    try:
-        admin.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
-        host_part = postgres_url.split("@", 1)[1]
-        url = f"postgresql://{role}@{host_part}?fencing=true&fencing_sequence={sequence}"
-        with multilock.connect(url) as locker:
-            with pytest.raises(ConfigurationError, match="CREATE SEQUENCE") as info:
-                locker.try_acquire("x")
-            assert sequence in str(info.value)
-        admin.execute(f"CREATE SEQUENCE {sequence} AS bigint CACHE 1")
-        with multilock.connect(url) as locker, pytest.raises(ConfigurationError, match="GRANT"):
+    admin.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
+    yield role
+    admin.execute(f"DROP OWNED BY {role} CASCADE")
+    admin.execute(f"DROP ROLE {role}")
+
+
+def _as_role(postgres_url: str, role: str, **options: str) -> str:
+    host_part = postgres_url.split("@", 1)[1]
+    query = "&".join(f"{key}={value}" for key, value in options.items())
+    return f"postgresql://{role}@{host_part}?{query}"
+
+
+def test_a_role_without_create_privilege_gets_a_clear_error_then_works_as_owner(
+    postgres_url: str, sequence: str, admin: psycopg.Connection[Any], other_role: str
+) -> None:
+    url = _as_role(postgres_url, other_role, fencing="true", fencing_sequence=sequence)
+    with multilock.connect(url) as locker:
+        with pytest.raises(ConfigurationError, match="CREATE SEQUENCE") as info:
             locker.try_acquire("x")
-        admin.execute(f"GRANT USAGE ON SEQUENCE {sequence} TO {role}")
-        with multilock.connect(url) as locker:
-            lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
-            assert lease is not None
-            assert lease.fencing_token == 1
-            lease.release()
+        assert f"ALTER SEQUENCE {sequence} OWNER TO" in str(info.value)
+    admin.execute(f"CREATE SEQUENCE {sequence} AS bigint CACHE 1")
+    admin.execute(f"GRANT USAGE ON SEQUENCE {sequence} TO {other_role}")
+    # USAGE is not enough: the owner (postgres) could rewind the tokens.
+    with multilock.connect(url) as locker, pytest.raises(ConfigurationError) as info:
+        locker.try_acquire("x")
+    assert str(info.value).count("\n") == 0
+    assert f"is owned by role 'postgres', not by '{other_role}'" in str(info.value)
+    admin.execute(f"ALTER SEQUENCE {sequence} OWNER TO {other_role}")
+    with multilock.connect(url) as locker:
+        lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
+        assert lease is not None
+        assert lease.fencing_token == 1
+        lease.release()
+
+
+def test_a_sequence_of_another_role_is_refused_even_first_in_the_search_path(
+    make_url: Callable[..., str], sequence: str, admin: psycopg.Connection[Any], other_role: str
+) -> None:
+    # The other role plants a sequence of the same name in a schema of its own that
+    # comes first in the locker's search_path: it could setval it at will.
+    schema = f"{other_role}_s"
+    admin.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {other_role}")
+    admin.execute(f"SET ROLE {other_role}")
+    admin.execute(f"CREATE SEQUENCE {schema}.{sequence} AS bigint CACHE 1")
+    admin.execute("RESET ROLE")
+    admin.execute(f"CREATE SEQUENCE {sequence} AS bigint CACHE 1")  # ours, in public
+    options = f"-c search_path={schema},public"
+    url = make_url(fencing=True, fencing_sequence=sequence, options=options)
+    with multilock.connect(url) as locker, pytest.raises(ConfigurationError) as info:
+        locker.try_acquire("x")
+    message = str(info.value)
+    assert f"fencing sequence {schema}.{sequence} is owned by role '{other_role}'" in message
+    # Named with its schema, ours is used whatever the search_path says.
+    url = make_url(fencing=True, fencing_sequence=f"public.{sequence}", options=options)
+    with multilock.connect(url) as locker:
+        lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
+        assert lease is not None
+        assert lease.fencing_token == _last_value(admin, f"public.{sequence}") == 1
+        lease.release()
+
+
+def test_the_sequence_is_used_by_its_schema_qualified_name(
+    make_url: Callable[..., str], sequence: str, admin: psycopg.Connection[Any]
+) -> None:
+    with multilock.connect(make_url(fencing=True, fencing_sequence=sequence)) as locker:
+        lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
+        assert lease is not None
+        lease.release()
+        assert isinstance(locker, PostgresLocker)
+        assert f'nextval(\'"public"."{sequence}"\')' in locker._statements.lock
+
+
+def test_a_sequence_another_role_may_update_is_refused(
+    make_url: Callable[..., str], sequence: str, admin: psycopg.Connection[Any], other_role: str
+) -> None:
+    admin.execute(f"CREATE SEQUENCE {sequence} AS bigint CACHE 1")
+    admin.execute(f"GRANT UPDATE ON SEQUENCE {sequence} TO {other_role}")
+    url = make_url(fencing=True, fencing_sequence=sequence)
+    with multilock.connect(url) as locker, pytest.raises(ConfigurationError, match=other_role):
+        locker.try_acquire("x")
+    admin.execute(f"REVOKE UPDATE ON SEQUENCE {sequence} FROM {other_role}")
+    with multilock.connect(make_url(fencing=True, fencing_sequence=sequence)) as locker:
+        lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
+        assert lease is not None
+        lease.release()
+
+
+def test_a_table_of_that_name_is_refused(
+    make_url: Callable[..., str], sequence: str, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute(f"CREATE TABLE {sequence} (x int)")
+    try:
+        url = make_url(fencing=True, fencing_sequence=sequence)
+        with multilock.connect(url) as locker, pytest.raises(ConfigurationError, match="not a seq"):
+            locker.try_acquire("x")
     finally:
-        admin.execute(f"DROP SEQUENCE IF EXISTS {sequence}")
-        admin.execute(f"DROP OWNED BY {role}")
-        admin.execute(f"DROP ROLE {role}")
+        admin.execute(f"DROP TABLE {sequence}")

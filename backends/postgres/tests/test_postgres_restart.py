@@ -68,3 +68,26 @@ def test_async_restart_fires_lost_and_the_locker_reconnects(
             await again.release()
 
     asyncio.run(main())
+
+
+def test_a_shutdown_fires_lost_within_100_ms(private_server: PrivateServer) -> None:
+    # Issue 16: the server ending every session is seen on each idle session's socket at
+    # once (health_interval is an hour: the check cannot be what noticed).
+    with (
+        multilock.connect(f"{private_server.url}?health_interval=1h") as locker,
+        multilock.connect(f"{private_server.url}?health_interval=1h") as other,
+    ):
+        leases = [locker.try_acquire(_name()), other.try_acquire(_name())]
+        fired: list[float] = []
+        for lease in leases:
+            assert lease is not None
+            lease.lost.add_callback(lambda _reason: fired.append(time.monotonic()))
+        try:
+            stopping = time.monotonic()
+            private_server.stop()  # SIGINT, then waits for the server to exit
+            for lease in leases:
+                assert lease is not None
+                assert lease.lost.wait(5.0)
+            assert max(fired) - stopping <= 0.1, max(fired) - stopping
+        finally:
+            private_server.start()

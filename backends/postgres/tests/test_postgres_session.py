@@ -108,11 +108,15 @@ def test_suspect_keys_are_unlocked_before_the_next_query(
         lease = locker.try_acquire(later)  # connect
         assert lease is not None
         # What an acquire interrupted in flight leaves: keys the server may have
-        # granted to the session, with no lease. Planted here by locking them directly.
+        # granted to the session, with no lease. Planted here by locking them directly,
+        # holding the session as the locker's own round trips do.
         keys = [advisory_key(first), advisory_key(second)]
-        assert locker._cursor is not None
-        locker._cursor.execute("SELECT pg_advisory_lock(k) FROM unnest(%s::bigint[]) AS k", [keys])
-        locker._suspects.update(keys)
+        with locker._holding:
+            assert locker._cursor is not None
+            locker._cursor.execute(
+                "SELECT pg_advisory_lock(k) FROM unnest(%s::bigint[]) AS k", [keys]
+            )
+            locker._suspects.update(keys)
         assert [holders(key) for key in keys] == [[locker.session_pid]] * 2
         lease.release()
         assert [holders(key) for key in keys] == [[], []]
@@ -219,3 +223,42 @@ def test_tasks_share_one_locker_safely(
     asyncio.run(main())
     assert overlaps == []
     assert all(holders(advisory_key(name)) == [] for name in names)
+
+
+def test_an_error_after_the_grant_leaves_no_lock_orphaned(
+    make_url: Callable[..., str],
+    holders: Callable[[int], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The server granted the locks, then the locker failed before handing out leases:
+    # each granted key is either tracked (close() frees it) or unlocked at once.
+    probe, one, *many = _names(5)
+    with multilock.connect(make_url()) as locker:
+        assert isinstance(locker, PostgresLocker)
+        assert locker.try_acquire_many([probe])[probe] is not None  # connected, checked
+
+        def no_thread() -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(locker, "_ensure_ticker", no_thread)
+        with pytest.raises(RuntimeError):
+            locker.try_acquire(one)
+        pid = locker.session_pid
+        assert holders(advisory_key(one)) == [pid]  # tracked...
+        assert [lease.name for lease in locker._held.values()] == [probe, one]
+        monkeypatch.undo()
+        grant = locker._grant
+        granted: list[str] = []
+
+        def grant_once(name: str, *args: object) -> object:
+            if granted:
+                raise MemoryError
+            granted.append(name)
+            return grant(name, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(locker, "_grant", grant_once)
+        with pytest.raises(MemoryError):
+            locker.try_acquire_many(many)
+        assert holders(advisory_key(many[0])) == [pid]  # tracked
+        assert [holders(advisory_key(name)) for name in many[1:]] == [[], []]  # unlocked
+    assert [holders(advisory_key(name)) for name in [one, *many]] == [[]] * 4  # ...freed

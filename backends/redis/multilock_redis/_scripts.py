@@ -34,11 +34,20 @@ class Lua:
 
 # One name is the hot path: a script without a loop or a result table costs the
 # server about half as much as the general form (measured on Redis 7).
+#
+# A script is atomic but not transactional: what it wrote before an error stays
+# written. So the fence step is a pcall, and when it fails (the fence key holds
+# another type, or the counter is at its limit) the lock just set is deleted before
+# the error is returned: nothing stays held for a lease nobody was given.
 ACQUIRE = Lua("""
 -- KEYS: lock, fence  ARGV: ttl in ms, token
 -- Returns the new fencing token, or 0 when someone else holds the lock.
 if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
-  return redis.call('INCR', KEYS[2])
+  local fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) == 'table' and fence.err then
+    redis.call('DEL', KEYS[1])
+  end
+  return fence
 end
 return 0
 """)
@@ -58,12 +67,22 @@ return 0
 ACQUIRE_MANY = Lua("""
 -- KEYS: lock1, fence1, lock2, fence2, ...  ARGV: ttl in ms, token1, token2, ...
 -- Returns per lock its new fencing token, or 0 when someone else holds it,
--- separated by spaces.
+-- separated by spaces. If a fence step fails, every lock this call set is
+-- deleted again and the error is returned.
 local out = {}
 for i = 1, #KEYS / 2 do
   if redis.call('SET', KEYS[2 * i - 1], ARGV[i + 1], 'NX', 'PX', ARGV[1]) then
+    local fence = redis.pcall('INCR', KEYS[2 * i])
+    if type(fence) == 'table' and fence.err then
+      for j = 1, i do
+        if out[j] ~= '0' then
+          redis.call('DEL', KEYS[2 * j - 1])
+        end
+      end
+      return fence
+    end
     -- %d: concat would print a Lua number of 15 digits or more as 1e+14.
-    out[i] = string.format('%d', redis.call('INCR', KEYS[2 * i]))
+    out[i] = string.format('%d', fence)
   else
     out[i] = '0'
   end

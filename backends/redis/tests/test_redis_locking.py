@@ -13,8 +13,15 @@ import redis
 
 import multilock
 from multilock.backend import LockURL
-from multilock.errors import LockLost, MultilockError, NotOwner
-from multilock_redis import AsyncRedisLease, AsyncRedisLocker, RedisLease, RedisLocker, fence_key
+from multilock.errors import ConfigurationError, LockLost, MultilockError, NotOwner
+from multilock_redis import (
+    AsyncRedisLease,
+    AsyncRedisLocker,
+    RedisLease,
+    RedisLocker,
+    fence_key,
+    lock_key,
+)
 from multilock_redis._common import CHUNK
 
 TTL = 0.3  # short, so that expiry and loss show within a second
@@ -127,16 +134,111 @@ def test_a_failing_chunk_leaves_nothing_held(
     locker: RedisLocker, admin: redis.Redis, name: str
 ) -> None:
     names = [f"{name}-{i}" for i in range(2 * CHUNK + 10)]
-    # INCR fails on a counter that is not a number: the second chunk's script errs.
-    admin.set(fence_key(names[CHUNK], locker.prefix), "not a number")
+    failing = names[CHUNK + 5]
+    # INCR fails on a counter that is not a number: the second chunk's script errs
+    # at its sixth name, after setting the five before it.
+    admin.set(fence_key(failing, locker.prefix), "not a number")
     with pytest.raises(MultilockError, match="not an integer"):
         locker.try_acquire_many(names, ttl=60)
     assert not locker._held
-    # The first and third chunks were granted, then released.
-    assert admin.exists(*[f"{locker.prefix}{{{n}}}" for n in names[:CHUNK]]) == 0
-    assert admin.exists(*[f"{locker.prefix}{{{n}}}" for n in names[2 * CHUNK :]]) == 0
-    # The failing script set its own name's lock before it failed: it waits out its ttl.
-    admin.delete(f"{locker.prefix}{{{names[CHUNK]}}}", fence_key(names[CHUNK], locker.prefix))
+    # The first and third chunks were granted, then released; the failing script
+    # deleted what it had set, its own name's lock included.
+    assert admin.exists(*[lock_key(n, locker.prefix) for n in names]) == 0
+    admin.delete(fence_key(failing, locker.prefix))
+
+
+@pytest.mark.parametrize("wrong", ["list", "string", "at-the-limit"])
+def test_a_failing_fence_step_leaves_the_lock_unset(
+    locker: RedisLocker, admin: redis.Redis, name: str, wrong: str
+) -> None:
+    fence = fence_key(name, locker.prefix)
+    if wrong == "list":
+        admin.rpush(fence, "x")
+    elif wrong == "string":
+        admin.set(fence, "x")
+    else:
+        admin.set(fence, 2**63 - 1)  # INCR would overflow
+    with pytest.raises(MultilockError, match=r"WRONGTYPE|not an integer|overflow"):
+        locker.try_acquire(name, ttl=60)
+    assert admin.exists(lock_key(name, locker.prefix)) == 0
+    with pytest.raises(MultilockError):
+        locker.try_acquire_many([f"{name}-before", name, f"{name}-after"], ttl=60)
+    assert admin.exists(*[lock_key(n, locker.prefix) for n in (name, f"{name}-before")]) == 0
+    assert not locker._held
+    admin.delete(fence)
+    _held(locker.try_acquire(name)).release()  # and the name is free
+
+
+def test_async_failing_fence_step_leaves_the_lock_unset(
+    redis_url: str, admin: redis.Redis, name: str
+) -> None:
+    async def main() -> None:
+        async with multilock.connect_async(redis_url) as locker:
+            assert isinstance(locker, AsyncRedisLocker)
+            admin.rpush(fence_key(name, locker.prefix), "x")
+            with pytest.raises(MultilockError, match="WRONGTYPE"):
+                await locker.try_acquire(name, ttl=60)
+            with pytest.raises(MultilockError, match="WRONGTYPE"):
+                await locker.try_acquire_many([f"{name}-before", name], ttl=60)
+            assert (
+                admin.exists(*[lock_key(n, locker.prefix) for n in (name, f"{name}-before")]) == 0
+            )
+            assert not locker._held
+            admin.delete(fence_key(name, locker.prefix))
+
+    asyncio.run(main())
+
+
+def _refuse_to_hold(*_: object) -> None:
+    raise RuntimeError("can't start new thread")
+
+
+def test_an_error_after_the_grant_releases_the_lock(
+    locker: RedisLocker, admin: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server granted the lock, then holding it failed (no thread for renewal, say):
+    # the lock is released before the error is raised, never left to its ttl.
+    monkeypatch.setattr(locker._renewer, "add", _refuse_to_hold)
+    names = [name, *[f"{name}-{i}" for i in range(CHUNK + 1)]]
+    with pytest.raises(RuntimeError, match="new thread"):
+        locker.try_acquire(name, ttl=60)
+    with pytest.raises(RuntimeError, match="new thread"):
+        locker.try_acquire_many(names, ttl=60)
+    assert admin.exists(*[lock_key(n, locker.prefix) for n in names]) == 0
+    assert not locker._held
+
+
+def test_async_error_after_the_grant_releases_the_lock(
+    redis_url: str, admin: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        async with multilock.connect_async(redis_url) as locker:
+            assert isinstance(locker, AsyncRedisLocker)
+            monkeypatch.setattr(locker._renewer, "add", _refuse_to_hold)
+            with pytest.raises(RuntimeError, match="new thread"):
+                await locker.try_acquire(name, ttl=60)
+            with pytest.raises(RuntimeError, match="new thread"):
+                await locker.try_acquire_many([name, f"{name}-2"], ttl=60)
+            assert admin.exists(lock_key(name, locker.prefix), lock_key(f"{name}-2")) == 0
+            assert not locker._held
+
+    asyncio.run(main())
+
+
+def test_a_ttl_past_the_maximum_sets_nothing(
+    locker: RedisLocker, admin: redis.Redis, name: str
+) -> None:
+    # Issue 16: ttl=1e12 set the key for ~30,000 years, then raised a bare OverflowError.
+    for ttl in (1e12, 10**30):
+        with pytest.raises(ConfigurationError, match="maximum"):
+            locker.try_acquire(name, ttl=ttl)
+        assert admin.exists(lock_key(name, locker.prefix)) == 0
+    lease = _held(locker.try_acquire(name, ttl=60))
+    before = admin.pttl(lease.key)
+    with pytest.raises(ConfigurationError, match="maximum"):
+        lease.extend(1e12)
+    assert 0 < admin.pttl(lease.key) <= before  # not pushed out by the refused extend
+    lease.release()
 
 
 def test_try_acquire_many_gives_large_fencing_tokens_whole(

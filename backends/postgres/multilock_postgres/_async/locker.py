@@ -11,11 +11,14 @@ mutex, held only across a single round trip (or a connect).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.types.numeric import Int8
 
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, Capability, LockInfo, LockURL
@@ -23,9 +26,17 @@ from multilock.backend import new_token as _new_token
 from multilock.errors import BackendUnavailable, MultilockError
 
 from .. import _sql
-from .._config import Settings, parse_settings
+from .._config import Settings, milliseconds, parse_settings
 from .._errors import check_sequence, driver_error, fencing_error
-from .._runtime import AsyncDeadline, AsyncMutex, AsyncTicker, KeyCache, shut_down
+from .._runtime import (
+    AsyncDeadline,
+    AsyncMutex,
+    AsyncSocketWatch,
+    AsyncTicker,
+    Cut,
+    KeyCache,
+    readable,
+)
 
 __all__ = ["AsyncPostgresLease", "AsyncPostgresLocker"]
 
@@ -33,6 +44,11 @@ _log = logging.getLogger("multilock.postgres")
 
 _Lost = list[tuple["AsyncPostgresLease", str]]
 """Leases whose session died, with the reason: fired once the mutex is released."""
+_Query = str | Callable[[_sql.Statements], str]
+"""A statement, or how to pick it from the session's acquire statements (which name
+the fencing sequence as the session found it)."""
+_LOCK: Callable[[_sql.Statements], str] = attrgetter("lock")
+_LOCK_MANY: Callable[[_sql.Statements], str] = attrgetter("lock_many")
 
 _CAPABILITIES = frozenset(
     {
@@ -74,7 +90,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
         settings = parse_settings(url)
         super().__init__(url, default_ttl=settings.ttl)
         self._settings: Settings = settings
-        self._statements = _sql.statements(settings.fencing_sequence)
+        self._statements = _sql.statements(None)  # fenced ones are made once connected
         fencing = {Capability.FENCING} if settings.fencing_sequence else set()
         self.capabilities = _CAPABILITIES | fencing
         self._mutex = AsyncMutex()
@@ -87,6 +103,8 @@ class AsyncPostgresLocker(AsyncLockerBase):
         self._severed: str | None = None  # why the health check cut the session off
         self._keys = KeyCache()
         self._ticker: AsyncTicker | None = None
+        self._watch = AsyncSocketWatch(self._mutex, self._on_socket, "multilock-postgres-watch")
+        self._holding = _Holding(self)
 
     @property
     def session_pid(self) -> int | None:
@@ -100,15 +118,16 @@ class AsyncPostgresLocker(AsyncLockerBase):
         key = self._keys.key(name)
         lost: _Lost = []
         try:
-            async with self._mutex:
+            async with self._holding:
                 if key in self._held:
                     return None  # this session holds it: re-entry would be a second owner
-                rows = await self._ask_lock(self._statements.lock, (Int8(key),), [key], lost)
+                rows = await self._ask_lock(_LOCK, (Int8(key),), [key], lost)
                 fence = rows[0][0]
                 if fence == 0:
                     return None
-                self._ensure_ticker()
-                return self._grant(name, key, _new_token(), fence, datetime.now(UTC))
+                lease = self._grant(name, key, _new_token(), fence, datetime.now(UTC))
+                self._ensure_ticker()  # the lease is tracked: close() frees it, come what may
+                return lease
         finally:
             _fire(lost)
 
@@ -118,31 +137,43 @@ class AsyncPostgresLocker(AsyncLockerBase):
         keys = [self._keys.key(name) for name in names]
         lost: _Lost = []
         try:
-            async with self._mutex:
+            async with self._holding:
                 # Ask once per distinct key not held here: a key twice in one batch
                 # would be granted twice by the re-entrant session lock.
                 wanted = [k for k in dict.fromkeys(keys) if k not in self._held]
                 granted: dict[int, int | None] = {}
                 if wanted:
                     params = (_sql.bigint_array(wanted),)
-                    rows = await self._ask_lock(self._statements.lock_many, params, wanted, lost)
+                    rows = await self._ask_lock(_LOCK_MANY, params, wanted, lost)
                     got, fences = rows[0]
                     if got:
                         granted = dict(zip(got, fences, strict=True))
-                        self._ensure_ticker()
-                # Granted by one statement: one timestamp serves the whole batch, and
-                # one owner token, made unique per lease by its position (a new_token()
-                # per lease costs about 1 us: as much as all the rest of a grant).
-                now, batch = datetime.now(UTC), _new_token()
-                result: dict[str, AsyncLeaseBase | None] = {}
-                for i, (name, key) in enumerate(zip(names, keys, strict=True)):
-                    if key in granted and key not in self._held:
-                        result[name] = self._grant(name, key, f"{batch}.{i:x}", granted[key], now)
-                    else:
-                        result[name] = None
-                return result
+                try:
+                    return self._grant_many(names, keys, granted)
+                except BaseException:
+                    # Granted, then not tracked: unlocked now (or before the next statement).
+                    self._suspects.update(key for key in granted if key not in self._held)
+                    await self._unlock_suspects_now()
+                    raise
         finally:
             _fire(lost)
+
+    def _grant_many(
+        self, names: list[str], keys: list[int], granted: dict[int, int | None]
+    ) -> dict[str, AsyncLeaseBase | None]:
+        # Granted by one statement: one timestamp serves the whole batch, and one owner
+        # token, made unique per lease by its position (a new_token() per lease costs
+        # about 1 us: as much as all the rest of a grant).
+        now, batch = datetime.now(UTC), _new_token()
+        result: dict[str, AsyncLeaseBase | None] = {}
+        for i, (name, key) in enumerate(zip(names, keys, strict=True)):
+            if key in granted and key not in self._held:
+                result[name] = self._grant(name, key, f"{batch}.{i:x}", granted[key], now)
+            else:
+                result[name] = None
+        if granted:
+            self._ensure_ticker()
+        return result
 
     def _grant(
         self, name: str, key: int, token: str, fence: int | None, acquired_at: datetime
@@ -154,7 +185,9 @@ class AsyncPostgresLocker(AsyncLockerBase):
         return lease
 
     def _ensure_ticker(self) -> None:
-        """Start the health check, once leases are about to be held."""
+        """Start the health check with the first session (and again in a later event
+        loop, for the async locker): it bounds a call stuck on the session, leases held
+        or not, and checks the session while leases are held."""
         if self._ticker is None:
             interval = self._settings.health_interval
             self._ticker = AsyncTicker(interval, self._health_check, "multilock-postgres-health")
@@ -175,7 +208,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
         with its session, or never ours, has nothing to free); how many the server freed."""
         lost: _Lost = []
         try:
-            async with self._mutex:
+            async with self._holding:
                 held = [lease for lease in leases if self._held.get(lease.key) is lease]
                 if not held:
                     return 0
@@ -211,7 +244,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
         """One round trip on the session: if it is dead, the lease is reported lost."""
         lost: _Lost = []
         try:
-            async with self._mutex:
+            async with self._holding:
                 if self._held.get(lease.key) is lease:
                     try:
                         await self._ask(_sql.PING, None, lost, "extend", reconnect=False)
@@ -228,43 +261,60 @@ class AsyncPostgresLocker(AsyncLockerBase):
         The whole check -- waiting for the mutex included, so a caller stuck in a
         round trip counts -- runs under a deadline of ``health_timeout``: a session
         that does not answer in time is cut off and its leases reported lost, even
-        where TCP would not notice (a hung server or proxy)."""
-        if self._cursor is None:
+        where TCP would not notice (a hung server or proxy). The server gives up on a
+        statement sooner (``statement_timeout``, ``lock_timeout``), so a round trip
+        of a live session is answered in time. It runs from the first connect, leases
+        or not: no call on the session blocks past ``health_interval`` +
+        ``health_timeout``."""
+        conn = self._conn
+        if conn is None:
             return
         lost: _Lost = []
         try:
-            with AsyncDeadline(self._settings.health_timeout, self._sever):
-                async with self._mutex:
-                    if self._held and self._cursor is not None:
-                        await self._ask(_sql.PING, None, lost, "health check", reconnect=False)
+            deadline = AsyncDeadline(self._settings.health_timeout, partial(self._sever, conn))
+            async with _Holding(self, deadline):
+                if self._held and self._conn is conn:
+                    await self._ask(_sql.PING, None, lost, "health check", reconnect=False)
         except MultilockError as exc:
             _log.debug("PostgreSQL session health check: %s", exc)
         finally:
             _fire(lost)
 
-    def _sever(self) -> None:
-        """The health check's deadline passed. The mutex may be held by a stuck round
-        trip (on another thread, for the sync locker), so this only shuts the socket
-        down -- the stuck call then fails and drops the session -- and reports the
-        leases lost."""
+    def _sever(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The health check's deadline on session ``conn`` passed. The mutex may be held
+        by a stuck round trip (on another thread, for the sync locker), so this only
+        shuts the socket down -- the stuck call then fails and drops the session -- and
+        reports the leases lost. Nothing, if the session was replaced meanwhile."""
+        if self._conn is not conn:
+            return
         timeout = self._settings.health_timeout
         reason = f"the PostgreSQL session did not answer within {timeout:g} s"
         # Recorded before the cut: the stuck call wakes as soon as the socket is shut
         # and must see why, or it would reconnect through the same hung path.
         self._severed = reason
-        conn = self._conn
-        try:
-            if conn is not None and not conn.closed:
-                shut_down(conn.pgconn.socket)
-        except psycopg.Error:
-            pass  # closed meanwhile: nothing left to cut
+        Cut(conn, timeout)()
         _fire([(lease, reason) for lease in list(self._held.values())])
+
+    async def _on_socket(self) -> None:
+        """The idle session's socket has something to read: most likely the server's
+        last words before it closes the session. If so, its leases are lost now, not at
+        the next health check."""
+        lost: _Lost = []
+        try:
+            async with self._holding:
+                conn = self._conn
+                if conn is not None and self._held:
+                    reason = _ended(conn)
+                    if reason is not None:
+                        lost += await self._drop_session(reason)
+        finally:
+            _fire(lost)
 
     # -- the session --------------------------------------------------------------------
 
     async def _ask(
         self,
-        query: str,
+        query: _Query,
         params: Sequence[Any] | None,
         lost: _Lost,
         doing: str,
@@ -286,7 +336,8 @@ class AsyncPostgresLocker(AsyncLockerBase):
             try:
                 if self._suspects:
                     await self._unlock_suspects(cursor)
-                await self._execute(cursor, query, params)
+                text = query if isinstance(query, str) else query(self._statements)
+                await self._execute(cursor, text, params)
                 return await cursor.fetchall()
             except psycopg.Error as exc:
                 conn = self._conn
@@ -313,54 +364,74 @@ class AsyncPostgresLocker(AsyncLockerBase):
         if query in self._prepared:
             await cursor.execute(query, params, prepare=True)
             return
-        async with cursor.connection.pipeline():
+        pipeline = cursor.connection.pipeline()
+        await pipeline.__aenter__()
+        try:
             await cursor.execute(query, params, prepare=True)
+        except BaseException:
+            # Not `async with`: on a dead session, ending the pipeline fails too, and
+            # psycopg would log that ("error ignored terminating <psycopg.Pipeline
+            # [BAD]>") to stderr. The error raised here says all there is to say.
+            try:
+                await pipeline.__aexit__(None, None, None)
+            except psycopg.Error:
+                pass
+            raise
+        await pipeline.__aexit__(None, None, None)
         self._prepared.add(query)
 
     async def _ask_lock(
-        self, query: str, params: Sequence[Any], keys: list[int], lost: _Lost
+        self, query: _Query, params: Sequence[Any], keys: list[int], lost: _Lost
     ) -> list[Any]:
-        """``_ask`` for an acquire statement. An interruption that lands while it is
-        in flight (psycopg cancels the query, but the server may already have
-        granted the lock) leaves the keys suspect: unlocked before the next query."""
+        """``_ask`` for an acquire statement. One that fails or is interrupted in flight
+        may have been granted first (``nextval`` of the fencing sequence runs after
+        ``pg_try_advisory_lock`` and may time out waiting for a lock on it; psycopg
+        cancels an interrupted query the server may have run): its keys are suspect,
+        unlocked at once where possible, else before the next statement."""
         try:
             return await self._ask(query, params, lost, "try_acquire")
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if self._cursor is not None:  # else the session died, and its locks with it
                 self._suspects.update(keys)
+                if isinstance(exc, Exception):
+                    await self._unlock_suspects_now()
             raise
+
+    async def _unlock_suspects_now(self) -> None:
+        """Unlock the suspect keys on a live session now (best effort: if that fails,
+        they stay suspect for the next statement, or die with the session)."""
+        cursor = self._cursor
+        if cursor is not None and self._suspects:
+            try:
+                await self._unlock_suspects(cursor)
+            except psycopg.Error as exc:
+                _log.debug("unlocking suspect advisory keys: %s", exc)
 
     async def _unlock_suspects(self, cursor: psycopg.AsyncCursor[Any]) -> None:
         keys = [k for k in self._suspects if k not in self._held]
-        self._suspects.clear()
         if keys:
             await self._execute(cursor, _sql.UNLOCK_MANY, (_sql.bigint_array(keys),))
+        self._suspects.clear()  # only once unlocked: a failure keeps them for the next try
 
     async def _connect(self) -> psycopg.AsyncCursor[Any]:
         settings = self._settings
         if self._closed:
             raise MultilockError(f"{self!r} is closed")
+        conn = await _open(settings)
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                settings.conninfo, **settings.connect_kwargs()
-            )
-        except psycopg.Error as exc:
-            raise driver_error(settings.url, exc, "connecting") from None
-        try:
-            if settings.fencing_sequence is not None:
-                await _ensure_sequence(conn, settings.fencing_sequence)
-        except psycopg.Error as exc:
-            await conn.close()
-            raise fencing_error(settings.url, settings.fencing_sequence, exc) from None
+            sequence = await _prepare_session(conn, settings)
         except BaseException:
             await conn.close()
             raise
         conn.adapters.register_dumper(_sql.BigintArray, _sql.BigintArrayDumper)
+        if sequence is not None:
+            self._statements = _sql.statements(sequence)
         self._conn = conn
         self._severed = None
         self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
         self._pid = conn.info.backend_pid
+        self._ensure_ticker()
         return self._cursor
 
     async def _drop_session(self, reason: str) -> _Lost:
@@ -376,7 +447,8 @@ class AsyncPostgresLocker(AsyncLockerBase):
     async def _close(self) -> None:
         if self._ticker is not None:
             await self._ticker.stop()
-        async with self._mutex:
+        await self._watch.stop()
+        async with self._holding:
             conn, self._conn, self._cursor, self._pid = self._conn, None, None, None
             leases = list(self._held.values())
             self._held.clear()
@@ -388,8 +460,8 @@ class AsyncPostgresLocker(AsyncLockerBase):
                 if leases:
                     # Unlock before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    await conn.execute(_sql.UNLOCK_ALL)
-            except psycopg.Error as exc:
+                    await _answer(conn, self._settings, "unlocking on close", _sql.UNLOCK_ALL)
+            except (psycopg.Error, MultilockError) as exc:  # the session ends anyway
                 _log.debug("unlocking on close: %s", exc)
             finally:
                 await conn.close()
@@ -407,13 +479,15 @@ class AsyncPostgresLocker(AsyncLockerBase):
         # A connection of its own: a slow catalog query must not hold up the session
         # (nor run into its health check's deadline).
         settings = self._settings
+        conn = await _open(settings)
         try:
-            async with await psycopg.AsyncConnection.connect(
-                settings.conninfo, **settings.connect_kwargs()
-            ) as conn:
-                rows = await (await conn.execute(_sql.LOCKS)).fetchall()
+            doing = "listing locks"
+            await _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
+            rows = await (await _answer(conn, settings, doing, _sql.LOCKS)).fetchall()
         except psycopg.Error as exc:
             raise driver_error(settings.url, exc, "listing locks") from None
+        finally:
+            await conn.close()
         mine = dict(self._held)
         own_pid = self._pid
         infos = []
@@ -440,13 +514,124 @@ class AsyncPostgresLocker(AsyncLockerBase):
         return infos
 
 
-async def _ensure_sequence(conn: psycopg.AsyncConnection[Any], sequence: str) -> None:
-    look, create = _sql.ensure_sequence(sequence)
-    row = await (await conn.execute(look)).fetchone()
-    if row is None:
-        await conn.execute(create)
-        row = await (await conn.execute(look)).fetchone()
-    check_sequence(sequence, row)
+class _Holding:
+    """``async with locker._holding:`` holds the session: one round trip at a time (the
+    mutex), the socket watch off meanwhile (an answer is no news), and the session
+    idle again afterwards, to be watched while leases are held. With a ``deadline``,
+    all of it, the wait for the mutex included, runs under it. A class, not a
+    generator: this is on every call's path, and costs a fifth as much."""
+
+    __slots__ = ("_deadline", "_locker")
+
+    def __init__(self, locker: AsyncPostgresLocker, deadline: AsyncDeadline | None = None) -> None:
+        self._locker = locker
+        self._deadline = deadline
+
+    async def __aenter__(self) -> None:
+        if self._deadline is not None:
+            self._deadline.__enter__()
+        try:
+            await self._locker._mutex.acquire()
+        except BaseException:
+            self._leave_deadline()
+            raise
+        self._locker._watch.busy()
+
+    async def __aexit__(self, *exc: object) -> None:
+        locker = self._locker
+        try:
+            conn = locker._conn
+            if locker._held and conn is not None and not conn.closed:
+                locker._watch.idle(conn.pgconn.socket)
+            else:
+                locker._watch.clear()
+        except psycopg.Error as error:  # unusable: the next call says why
+            _log.debug("PostgreSQL session watch not armed: %s", error)
+            locker._watch.clear()
+        finally:
+            locker._mutex.release()
+            self._leave_deadline()
+
+    def _leave_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.__exit__(None, None, None)
+
+
+async def _open(settings: Settings) -> psycopg.AsyncConnection[Any]:
+    """A new connection to the server (within ``connect_timeout``)."""
+    try:
+        return await psycopg.AsyncConnection.connect(settings.conninfo, **settings.connect_kwargs())
+    except psycopg.Error as exc:
+        raise driver_error(settings.url, exc, "connecting") from None
+
+
+async def _prepare_session(
+    conn: psycopg.AsyncConnection[Any], settings: Settings
+) -> tuple[str, str] | None:
+    """Set the session's timeouts, then find (or make) and check the fencing sequence;
+    its schema and name. Each round trip is bounded (see ``_answer``)."""
+    try:
+        doing = "setting the session's timeouts"
+        await _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
+    except psycopg.Error as exc:
+        raise driver_error(settings.url, exc, doing) from None
+    sequence = settings.fencing_sequence
+    if sequence is None:
+        return None
+    doing = f"preparing the fencing sequence {sequence!r}"
+    try:
+        look, create = _sql.ensure_sequence(sequence)
+        row = await (await _answer(conn, settings, doing, look)).fetchone()
+        if row is None:
+            await _answer(conn, settings, doing, create)
+            row = await (await _answer(conn, settings, doing, look)).fetchone()
+        return check_sequence(settings.url, sequence, row)
+    except psycopg.Error as exc:
+        raise fencing_error(settings.url, sequence, exc) from None
+
+
+async def _answer(
+    conn: psycopg.AsyncConnection[Any],
+    settings: Settings,
+    doing: str,
+    query: Any,
+    params: Sequence[Any] | None = None,
+) -> psycopg.AsyncCursor[Any]:
+    """``conn.execute`` on a connection other than a set-up session (being set up, or
+    one of its own), whose socket is cut if it gets no answer within ``health_timeout``
+    -- then ``BackendUnavailable`` saying so. Other errors are psycopg's."""
+    cut = Cut(conn, settings.health_timeout)
+    with AsyncDeadline(cut.seconds, cut):
+        try:
+            return await conn.execute(query, params)
+        except psycopg.Error as exc:
+            if cut.done:
+                raise driver_error(settings.url, exc, doing, cut.seconds) from None
+            raise
+
+
+def _timeouts(settings: Settings) -> tuple[str, str]:
+    """The parameters of ``_sql.SET_TIMEOUTS``."""
+    lock, statement = settings.lock_timeout, settings.statement_timeout
+    return f"{milliseconds(lock)}ms", f"{milliseconds(statement)}ms"
+
+
+def _ended(conn: psycopg.AsyncConnection[Any]) -> str | None:
+    """Read what waits on an idle session's socket; why the session ended, or ``None``
+    if it lives (a notice, say)."""
+    pgconn = conn.pgconn
+    try:
+        # The server's last message and the end of the stream may come apart: read on
+        # while more is there (a few times at most: a live session sends little).
+        for _ in range(3):
+            pgconn.consume_input()
+            if pgconn.status == pq.ConnStatus.BAD or not readable(pgconn.socket):
+                break
+    except psycopg.Error as exc:
+        return f"the PostgreSQL session ended: {_reason(exc)}"
+    if pgconn.status == pq.ConnStatus.BAD:
+        return "the PostgreSQL session ended"
+    return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -14,11 +14,14 @@ mutex, held only across a single round trip (or a connect).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.types.numeric import Int8
 
 from multilock.backend import Capability, LeaseBase, LockerBase, LockInfo, LockURL
@@ -26,9 +29,17 @@ from multilock.backend import new_token as _new_token
 from multilock.errors import BackendUnavailable, MultilockError
 
 from .. import _sql
-from .._config import Settings, parse_settings
+from .._config import Settings, milliseconds, parse_settings
 from .._errors import check_sequence, driver_error, fencing_error
-from .._runtime import Deadline, KeyCache, Mutex, Ticker, shut_down
+from .._runtime import (
+    Cut,
+    Deadline,
+    KeyCache,
+    Mutex,
+    SocketWatch,
+    Ticker,
+    readable,
+)
 
 __all__ = ["PostgresLease", "PostgresLocker"]
 
@@ -36,6 +47,11 @@ _log = logging.getLogger("multilock.postgres")
 
 _Lost = list[tuple["PostgresLease", str]]
 """Leases whose session died, with the reason: fired once the mutex is released."""
+_Query = str | Callable[[_sql.Statements], str]
+"""A statement, or how to pick it from the session's acquire statements (which name
+the fencing sequence as the session found it)."""
+_LOCK: Callable[[_sql.Statements], str] = attrgetter("lock")
+_LOCK_MANY: Callable[[_sql.Statements], str] = attrgetter("lock_many")
 
 _CAPABILITIES = frozenset(
     {
@@ -77,7 +93,7 @@ class PostgresLocker(LockerBase):
         settings = parse_settings(url)
         super().__init__(url, default_ttl=settings.ttl)
         self._settings: Settings = settings
-        self._statements = _sql.statements(settings.fencing_sequence)
+        self._statements = _sql.statements(None)  # fenced ones are made once connected
         fencing = {Capability.FENCING} if settings.fencing_sequence else set()
         self.capabilities = _CAPABILITIES | fencing
         self._mutex = Mutex()
@@ -90,6 +106,8 @@ class PostgresLocker(LockerBase):
         self._severed: str | None = None  # why the health check cut the session off
         self._keys = KeyCache()
         self._ticker: Ticker | None = None
+        self._watch = SocketWatch(self._mutex, self._on_socket, "multilock-postgres-watch")
+        self._holding = _Holding(self)
 
     @property
     def session_pid(self) -> int | None:
@@ -103,15 +121,16 @@ class PostgresLocker(LockerBase):
         key = self._keys.key(name)
         lost: _Lost = []
         try:
-            with self._mutex:
+            with self._holding:
                 if key in self._held:
                     return None  # this session holds it: re-entry would be a second owner
-                rows = self._ask_lock(self._statements.lock, (Int8(key),), [key], lost)
+                rows = self._ask_lock(_LOCK, (Int8(key),), [key], lost)
                 fence = rows[0][0]
                 if fence == 0:
                     return None
-                self._ensure_ticker()
-                return self._grant(name, key, _new_token(), fence, datetime.now(UTC))
+                lease = self._grant(name, key, _new_token(), fence, datetime.now(UTC))
+                self._ensure_ticker()  # the lease is tracked: close() frees it, come what may
+                return lease
         finally:
             _fire(lost)
 
@@ -119,31 +138,43 @@ class PostgresLocker(LockerBase):
         keys = [self._keys.key(name) for name in names]
         lost: _Lost = []
         try:
-            with self._mutex:
+            with self._holding:
                 # Ask once per distinct key not held here: a key twice in one batch
                 # would be granted twice by the re-entrant session lock.
                 wanted = [k for k in dict.fromkeys(keys) if k not in self._held]
                 granted: dict[int, int | None] = {}
                 if wanted:
                     params = (_sql.bigint_array(wanted),)
-                    rows = self._ask_lock(self._statements.lock_many, params, wanted, lost)
+                    rows = self._ask_lock(_LOCK_MANY, params, wanted, lost)
                     got, fences = rows[0]
                     if got:
                         granted = dict(zip(got, fences, strict=True))
-                        self._ensure_ticker()
-                # Granted by one statement: one timestamp serves the whole batch, and
-                # one owner token, made unique per lease by its position (a new_token()
-                # per lease costs about 1 us: as much as all the rest of a grant).
-                now, batch = datetime.now(UTC), _new_token()
-                result: dict[str, LeaseBase | None] = {}
-                for i, (name, key) in enumerate(zip(names, keys, strict=True)):
-                    if key in granted and key not in self._held:
-                        result[name] = self._grant(name, key, f"{batch}.{i:x}", granted[key], now)
-                    else:
-                        result[name] = None
-                return result
+                try:
+                    return self._grant_many(names, keys, granted)
+                except BaseException:
+                    # Granted, then not tracked: unlocked now (or before the next statement).
+                    self._suspects.update(key for key in granted if key not in self._held)
+                    self._unlock_suspects_now()
+                    raise
         finally:
             _fire(lost)
+
+    def _grant_many(
+        self, names: list[str], keys: list[int], granted: dict[int, int | None]
+    ) -> dict[str, LeaseBase | None]:
+        # Granted by one statement: one timestamp serves the whole batch, and one owner
+        # token, made unique per lease by its position (a new_token() per lease costs
+        # about 1 us: as much as all the rest of a grant).
+        now, batch = datetime.now(UTC), _new_token()
+        result: dict[str, LeaseBase | None] = {}
+        for i, (name, key) in enumerate(zip(names, keys, strict=True)):
+            if key in granted and key not in self._held:
+                result[name] = self._grant(name, key, f"{batch}.{i:x}", granted[key], now)
+            else:
+                result[name] = None
+        if granted:
+            self._ensure_ticker()
+        return result
 
     def _grant(
         self, name: str, key: int, token: str, fence: int | None, acquired_at: datetime
@@ -155,7 +186,9 @@ class PostgresLocker(LockerBase):
         return lease
 
     def _ensure_ticker(self) -> None:
-        """Start the health check, once leases are about to be held."""
+        """Start the health check with the first session (and again in a later event
+        loop, for the async locker): it bounds a call stuck on the session, leases held
+        or not, and checks the session while leases are held."""
         if self._ticker is None:
             interval = self._settings.health_interval
             self._ticker = Ticker(interval, self._health_check, "multilock-postgres-health")
@@ -176,7 +209,7 @@ class PostgresLocker(LockerBase):
         with its session, or never ours, has nothing to free); how many the server freed."""
         lost: _Lost = []
         try:
-            with self._mutex:
+            with self._holding:
                 held = [lease for lease in leases if self._held.get(lease.key) is lease]
                 if not held:
                     return 0
@@ -212,7 +245,7 @@ class PostgresLocker(LockerBase):
         """One round trip on the session: if it is dead, the lease is reported lost."""
         lost: _Lost = []
         try:
-            with self._mutex:
+            with self._holding:
                 if self._held.get(lease.key) is lease:
                     try:
                         self._ask(_sql.PING, None, lost, "extend", reconnect=False)
@@ -229,42 +262,60 @@ class PostgresLocker(LockerBase):
         The whole check -- waiting for the mutex included, so a caller stuck in a
         round trip counts -- runs under a deadline of ``health_timeout``: a session
         that does not answer in time is cut off and its leases reported lost, even
-        where TCP would not notice (a hung server or proxy)."""
-        if self._cursor is None:
+        where TCP would not notice (a hung server or proxy). The server gives up on a
+        statement sooner (``statement_timeout``, ``lock_timeout``), so a round trip
+        of a live session is answered in time. It runs from the first connect, leases
+        or not: no call on the session blocks past ``health_interval`` +
+        ``health_timeout``."""
+        conn = self._conn
+        if conn is None:
             return
         lost: _Lost = []
         try:
-            with Deadline(self._settings.health_timeout, self._sever), self._mutex:
-                if self._held and self._cursor is not None:
+            deadline = Deadline(self._settings.health_timeout, partial(self._sever, conn))
+            with _Holding(self, deadline):
+                if self._held and self._conn is conn:
                     self._ask(_sql.PING, None, lost, "health check", reconnect=False)
         except MultilockError as exc:
             _log.debug("PostgreSQL session health check: %s", exc)
         finally:
             _fire(lost)
 
-    def _sever(self) -> None:
-        """The health check's deadline passed. The mutex may be held by a stuck round
-        trip (on another thread, for the sync locker), so this only shuts the socket
-        down -- the stuck call then fails and drops the session -- and reports the
-        leases lost."""
+    def _sever(self, conn: psycopg.Connection[Any]) -> None:
+        """The health check's deadline on session ``conn`` passed. The mutex may be held
+        by a stuck round trip (on another thread, for the sync locker), so this only
+        shuts the socket down -- the stuck call then fails and drops the session -- and
+        reports the leases lost. Nothing, if the session was replaced meanwhile."""
+        if self._conn is not conn:
+            return
         timeout = self._settings.health_timeout
         reason = f"the PostgreSQL session did not answer within {timeout:g} s"
         # Recorded before the cut: the stuck call wakes as soon as the socket is shut
         # and must see why, or it would reconnect through the same hung path.
         self._severed = reason
-        conn = self._conn
-        try:
-            if conn is not None and not conn.closed:
-                shut_down(conn.pgconn.socket)
-        except psycopg.Error:
-            pass  # closed meanwhile: nothing left to cut
+        Cut(conn, timeout)()
         _fire([(lease, reason) for lease in list(self._held.values())])
+
+    def _on_socket(self) -> None:
+        """The idle session's socket has something to read: most likely the server's
+        last words before it closes the session. If so, its leases are lost now, not at
+        the next health check."""
+        lost: _Lost = []
+        try:
+            with self._holding:
+                conn = self._conn
+                if conn is not None and self._held:
+                    reason = _ended(conn)
+                    if reason is not None:
+                        lost += self._drop_session(reason)
+        finally:
+            _fire(lost)
 
     # -- the session --------------------------------------------------------------------
 
     def _ask(
         self,
-        query: str,
+        query: _Query,
         params: Sequence[Any] | None,
         lost: _Lost,
         doing: str,
@@ -286,7 +337,8 @@ class PostgresLocker(LockerBase):
             try:
                 if self._suspects:
                     self._unlock_suspects(cursor)
-                self._execute(cursor, query, params)
+                text = query if isinstance(query, str) else query(self._statements)
+                self._execute(cursor, text, params)
                 return cursor.fetchall()
             except psycopg.Error as exc:
                 conn = self._conn
@@ -313,52 +365,74 @@ class PostgresLocker(LockerBase):
         if query in self._prepared:
             cursor.execute(query, params, prepare=True)
             return
-        with cursor.connection.pipeline():
+        pipeline = cursor.connection.pipeline()
+        pipeline.__enter__()
+        try:
             cursor.execute(query, params, prepare=True)
+        except BaseException:
+            # Not `async with`: on a dead session, ending the pipeline fails too, and
+            # psycopg would log that ("error ignored terminating <psycopg.Pipeline
+            # [BAD]>") to stderr. The error raised here says all there is to say.
+            try:
+                pipeline.__exit__(None, None, None)
+            except psycopg.Error:
+                pass
+            raise
+        pipeline.__exit__(None, None, None)
         self._prepared.add(query)
 
     def _ask_lock(
-        self, query: str, params: Sequence[Any], keys: list[int], lost: _Lost
+        self, query: _Query, params: Sequence[Any], keys: list[int], lost: _Lost
     ) -> list[Any]:
-        """``_ask`` for an acquire statement. An interruption that lands while it is
-        in flight (psycopg cancels the query, but the server may already have
-        granted the lock) leaves the keys suspect: unlocked before the next query."""
+        """``_ask`` for an acquire statement. One that fails or is interrupted in flight
+        may have been granted first (``nextval`` of the fencing sequence runs after
+        ``pg_try_advisory_lock`` and may time out waiting for a lock on it; psycopg
+        cancels an interrupted query the server may have run): its keys are suspect,
+        unlocked at once where possible, else before the next statement."""
         try:
             return self._ask(query, params, lost, "try_acquire")
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if self._cursor is not None:  # else the session died, and its locks with it
                 self._suspects.update(keys)
+                if isinstance(exc, Exception):
+                    self._unlock_suspects_now()
             raise
+
+    def _unlock_suspects_now(self) -> None:
+        """Unlock the suspect keys on a live session now (best effort: if that fails,
+        they stay suspect for the next statement, or die with the session)."""
+        cursor = self._cursor
+        if cursor is not None and self._suspects:
+            try:
+                self._unlock_suspects(cursor)
+            except psycopg.Error as exc:
+                _log.debug("unlocking suspect advisory keys: %s", exc)
 
     def _unlock_suspects(self, cursor: psycopg.Cursor[Any]) -> None:
         keys = [k for k in self._suspects if k not in self._held]
-        self._suspects.clear()
         if keys:
             self._execute(cursor, _sql.UNLOCK_MANY, (_sql.bigint_array(keys),))
+        self._suspects.clear()  # only once unlocked: a failure keeps them for the next try
 
     def _connect(self) -> psycopg.Cursor[Any]:
         settings = self._settings
         if self._closed:
             raise MultilockError(f"{self!r} is closed")
+        conn = _open(settings)
         try:
-            conn = psycopg.Connection.connect(settings.conninfo, **settings.connect_kwargs())
-        except psycopg.Error as exc:
-            raise driver_error(settings.url, exc, "connecting") from None
-        try:
-            if settings.fencing_sequence is not None:
-                _ensure_sequence(conn, settings.fencing_sequence)
-        except psycopg.Error as exc:
-            conn.close()
-            raise fencing_error(settings.url, settings.fencing_sequence, exc) from None
+            sequence = _prepare_session(conn, settings)
         except BaseException:
             conn.close()
             raise
         conn.adapters.register_dumper(_sql.BigintArray, _sql.BigintArrayDumper)
+        if sequence is not None:
+            self._statements = _sql.statements(sequence)
         self._conn = conn
         self._severed = None
         self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
         self._pid = conn.info.backend_pid
+        self._ensure_ticker()
         return self._cursor
 
     def _drop_session(self, reason: str) -> _Lost:
@@ -374,7 +448,8 @@ class PostgresLocker(LockerBase):
     def _close(self) -> None:
         if self._ticker is not None:
             self._ticker.stop()
-        with self._mutex:
+        self._watch.stop()
+        with self._holding:
             conn, self._conn, self._cursor, self._pid = self._conn, None, None, None
             leases = list(self._held.values())
             self._held.clear()
@@ -386,8 +461,8 @@ class PostgresLocker(LockerBase):
                 if leases:
                     # Unlock before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    conn.execute(_sql.UNLOCK_ALL)
-            except psycopg.Error as exc:
+                    _answer(conn, self._settings, "unlocking on close", _sql.UNLOCK_ALL)
+            except (psycopg.Error, MultilockError) as exc:  # the session ends anyway
                 _log.debug("unlocking on close: %s", exc)
             finally:
                 conn.close()
@@ -405,11 +480,15 @@ class PostgresLocker(LockerBase):
         # A connection of its own: a slow catalog query must not hold up the session
         # (nor run into its health check's deadline).
         settings = self._settings
+        conn = _open(settings)
         try:
-            with psycopg.Connection.connect(settings.conninfo, **settings.connect_kwargs()) as conn:
-                rows = (conn.execute(_sql.LOCKS)).fetchall()
+            doing = "listing locks"
+            _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
+            rows = (_answer(conn, settings, doing, _sql.LOCKS)).fetchall()
         except psycopg.Error as exc:
             raise driver_error(settings.url, exc, "listing locks") from None
+        finally:
+            conn.close()
         mine = dict(self._held)
         own_pid = self._pid
         infos = []
@@ -436,13 +515,122 @@ class PostgresLocker(LockerBase):
         return infos
 
 
-def _ensure_sequence(conn: psycopg.Connection[Any], sequence: str) -> None:
-    look, create = _sql.ensure_sequence(sequence)
-    row = (conn.execute(look)).fetchone()
-    if row is None:
-        conn.execute(create)
-        row = (conn.execute(look)).fetchone()
-    check_sequence(sequence, row)
+class _Holding:
+    """``async with locker._holding:`` holds the session: one round trip at a time (the
+    mutex), the socket watch off meanwhile (an answer is no news), and the session
+    idle again afterwards, to be watched while leases are held. With a ``deadline``,
+    all of it, the wait for the mutex included, runs under it. A class, not a
+    generator: this is on every call's path, and costs a fifth as much."""
+
+    __slots__ = ("_deadline", "_locker")
+
+    def __init__(self, locker: PostgresLocker, deadline: Deadline | None = None) -> None:
+        self._locker = locker
+        self._deadline = deadline
+
+    def __enter__(self) -> None:
+        if self._deadline is not None:
+            self._deadline.__enter__()
+        try:
+            self._locker._mutex.acquire()
+        except BaseException:
+            self._leave_deadline()
+            raise
+        self._locker._watch.busy()
+
+    def __exit__(self, *exc: object) -> None:
+        locker = self._locker
+        try:
+            conn = locker._conn
+            if locker._held and conn is not None and not conn.closed:
+                locker._watch.idle(conn.pgconn.socket)
+            else:
+                locker._watch.clear()
+        except psycopg.Error as error:  # unusable: the next call says why
+            _log.debug("PostgreSQL session watch not armed: %s", error)
+            locker._watch.clear()
+        finally:
+            locker._mutex.release()
+            self._leave_deadline()
+
+    def _leave_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.__exit__(None, None, None)
+
+
+def _open(settings: Settings) -> psycopg.Connection[Any]:
+    """A new connection to the server (within ``connect_timeout``)."""
+    try:
+        return psycopg.Connection.connect(settings.conninfo, **settings.connect_kwargs())
+    except psycopg.Error as exc:
+        raise driver_error(settings.url, exc, "connecting") from None
+
+
+def _prepare_session(conn: psycopg.Connection[Any], settings: Settings) -> tuple[str, str] | None:
+    """Set the session's timeouts, then find (or make) and check the fencing sequence;
+    its schema and name. Each round trip is bounded (see ``_answer``)."""
+    try:
+        doing = "setting the session's timeouts"
+        _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
+    except psycopg.Error as exc:
+        raise driver_error(settings.url, exc, doing) from None
+    sequence = settings.fencing_sequence
+    if sequence is None:
+        return None
+    doing = f"preparing the fencing sequence {sequence!r}"
+    try:
+        look, create = _sql.ensure_sequence(sequence)
+        row = (_answer(conn, settings, doing, look)).fetchone()
+        if row is None:
+            _answer(conn, settings, doing, create)
+            row = (_answer(conn, settings, doing, look)).fetchone()
+        return check_sequence(settings.url, sequence, row)
+    except psycopg.Error as exc:
+        raise fencing_error(settings.url, sequence, exc) from None
+
+
+def _answer(
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    doing: str,
+    query: Any,
+    params: Sequence[Any] | None = None,
+) -> psycopg.Cursor[Any]:
+    """``conn.execute`` on a connection other than a set-up session (being set up, or
+    one of its own), whose socket is cut if it gets no answer within ``health_timeout``
+    -- then ``BackendUnavailable`` saying so. Other errors are psycopg's."""
+    cut = Cut(conn, settings.health_timeout)
+    with Deadline(cut.seconds, cut):
+        try:
+            return conn.execute(query, params)
+        except psycopg.Error as exc:
+            if cut.done:
+                raise driver_error(settings.url, exc, doing, cut.seconds) from None
+            raise
+
+
+def _timeouts(settings: Settings) -> tuple[str, str]:
+    """The parameters of ``_sql.SET_TIMEOUTS``."""
+    lock, statement = settings.lock_timeout, settings.statement_timeout
+    return f"{milliseconds(lock)}ms", f"{milliseconds(statement)}ms"
+
+
+def _ended(conn: psycopg.Connection[Any]) -> str | None:
+    """Read what waits on an idle session's socket; why the session ended, or ``None``
+    if it lives (a notice, say)."""
+    pgconn = conn.pgconn
+    try:
+        # The server's last message and the end of the stream may come apart: read on
+        # while more is there (a few times at most: a live session sends little).
+        for _ in range(3):
+            pgconn.consume_input()
+            if pgconn.status == pq.ConnStatus.BAD or not readable(pgconn.socket):
+                break
+    except psycopg.Error as exc:
+        return f"the PostgreSQL session ended: {_reason(exc)}"
+    if pgconn.status == pq.ConnStatus.BAD:
+        return "the PostgreSQL session ended"
+    return None
 
 
 def _reason(exc: BaseException) -> str:

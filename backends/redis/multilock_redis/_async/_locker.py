@@ -56,14 +56,16 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         keys, args, tokens = self._acquire_request([name], ttl)
-        start = time.monotonic()
+        start, expires_at = time.monotonic(), _expiry(ttl)
         try:
             fence = await self._link.run(ACQUIRE, keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "acquiring") from None
-        result: dict[str, AsyncLeaseBase | None] = {name: None}
-        self._granted(result, [name], keys, tokens, [fence], ttl, start)
-        return result[name]
+        if not fence:
+            return None
+        lease = AsyncRedisLease(self, name, keys[0], tokens[0], fence, ttl, expires_at)
+        await self._hold([lease], start)
+        return lease
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float
@@ -73,48 +75,49 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         made: list[tuple[list[str], list[str]]] = []
         requests = self._acquire_requests(names, ttl, made)
         result: dict[str, AsyncLeaseBase | None] = dict.fromkeys(names)
-        start = time.monotonic()
+        granted: list[AsyncRedisLease] = []
+        start, expires_at = time.monotonic(), _expiry(ttl)
 
         def answered(i: int, answer: bytes | str) -> None:
             keys, tokens = made[i]
             chunk = names[i * CHUNK : (i + 1) * CHUNK]
-            self._granted(result, chunk, keys, tokens, parse_fences(answer), ttl, start)
+            for j, fence in enumerate(parse_fences(answer)):
+                if fence:
+                    lease = AsyncRedisLease(
+                        self, chunk[j], keys[2 * j], tokens[j], fence, ttl, expires_at
+                    )
+                    granted.append(lease)
+                    result[chunk[j]] = lease
 
         try:
             await self._link.run_pipelined(ACQUIRE_MANY, requests, answered)
-        except REDIS_ERRORS as exc:
+        except BaseException as exc:
             # A call may have been answered before another failed: nothing stays held.
-            keys, tokens = self._given_back([lease for lease in result.values() if lease])
-            try:
-                if keys:
-                    await self._link.run(RELEASE_MANY, keys, list(tokens))
-            except REDIS_ERRORS:
-                pass  # the keys expire after their ttl
-            raise translate(exc, self._url, "acquiring") from None
+            await self._give_back(granted)
+            if isinstance(exc, REDIS_ERRORS):
+                raise translate(exc, self._url, "acquiring") from None
+            raise
+        await self._hold(granted, start)
         return result
 
-    def _granted(
-        self,
-        result: dict[str, AsyncLeaseBase | None],
-        names: list[str],
-        keys: list[str],
-        tokens: list[str],
-        fences: list[int],
-        ttl: float,
-        start: float,
-    ) -> None:
-        """Put in ``result`` a lease per name of ``names`` that one script call granted."""
-        leases = []
-        # One script call granted them all: one expiry serves them.
-        expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
-        for i, name in enumerate(names):
-            if fences[i]:
-                lease = AsyncRedisLease(
-                    self, name, keys[2 * i], tokens[i], fences[i], ttl, expires_at
-                )
-                leases.append(lease)
-                result[name] = lease
-        self._track(leases, start)
+    async def _hold(self, leases: list[AsyncRedisLease], start: float) -> None:
+        """Track and renew ``leases``, granted at monotonic ``start``; should that fail,
+        release them before the error is raised: a granted lock is never orphaned."""
+        try:
+            self._track(leases, start)
+        except BaseException:
+            await self._give_back(leases)
+            raise
+
+    async def _give_back(self, leases: list[AsyncRedisLease]) -> None:
+        """Release ``leases``, granted by a call that then failed (best effort: a key
+        that cannot be deleted now expires after its ttl)."""
+        keys, tokens = self._given_back(leases)
+        try:
+            if keys:
+                await self._link.run(RELEASE_MANY, keys, list(tokens))
+        except REDIS_ERRORS:
+            pass
 
     async def _release_lease(self, lease: AsyncRedisLease) -> bool:
         self._untrack(lease)
@@ -156,3 +159,9 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
             self._close_failed(exc, len(keys))
         finally:
             await self._link.aclose()
+
+
+def _expiry(ttl: float) -> datetime:
+    """When a lease of ``ttl`` granted from now expires: taken before the request is
+    sent, so that the server's expiry is never earlier than the one reported."""
+    return datetime.now(UTC) + timedelta(seconds=ttl)

@@ -119,7 +119,7 @@ class AsyncLink:
         answered_at, self._answered = self._answered, None
         sent: list[Request] = []
         missing: list[tuple[int, Request]] = []
-        failed: ResponseError | None = None
+        failed: BaseException | None = None
         try:
             async with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
@@ -136,7 +136,10 @@ class AsyncLink:
                     except ResponseError as exc:  # the answers after it are still to read
                         failed = failed or exc
                     else:
-                        answered(i, answer)
+                        try:
+                            answered(i, answer)
+                        except Exception as exc:  # as above: the answers are still to read
+                            failed = failed or exc
         except TimeoutError:
             raise RedisTimeoutError(f"no answer within {self._socket.timeout}s") from None
         self._answered = time.monotonic()

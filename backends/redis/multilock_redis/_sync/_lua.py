@@ -122,7 +122,7 @@ class SyncLink:
         answered_at, self._answered = self._answered, None
         sent: list[Request] = []
         missing: list[tuple[int, Request]] = []
-        failed: ResponseError | None = None
+        failed: BaseException | None = None
         try:
             with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
@@ -139,7 +139,10 @@ class SyncLink:
                     except ResponseError as exc:  # the answers after it are still to read
                         failed = failed or exc
                     else:
-                        answered(i, answer)
+                        try:
+                            answered(i, answer)
+                        except Exception as exc:  # as above: the answers are still to read
+                            failed = failed or exc
         except TimeoutError:
             raise RedisTimeoutError(f"no answer within {self._socket.timeout}s") from None
         self._answered = time.monotonic()

@@ -3,61 +3,16 @@
 from __future__ import annotations
 
 import importlib
-import json
-import logging
 import os
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from .._scheduler import Scheduler
-from .._url import mask_url
 from ..errors import ConfigurationError
 from ._app import cli, handle_errors
-
-# Attributes every LogRecord has; anything else on a record is a structured field.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-
-def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields a caller attached to ``record`` (``extra=...``)."""
-    return {
-        key: value
-        for key, value in vars(record).items()
-        if key not in _STANDARD and not key.startswith("_")
-    }
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and the structured fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """Render ``record`` as JSON; values that are not JSON become strings."""
-        data: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": mask_url(record.getMessage()),
-        }
-        data.update(_fields(record))
-        if record.exc_info:
-            data["traceback"] = self.formatException(record.exc_info)
-        return json.dumps(data, default=str)
-
-
-class TextFormatter(logging.Formatter):
-    """Readable lines, with the structured fields appended as ``key=value``."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        """The classic line plus the record's extra fields."""
-        line = mask_url(super().format(record))
-        extra = [f"{k}={v}" for k, v in _fields(record).items()]
-        return f"{line} [{' '.join(extra)}]" if extra else line
+from ._logs import configure_logging
 
 
 def load_scheduler(target: str) -> Scheduler:
@@ -80,14 +35,6 @@ def load_scheduler(target: str) -> Scheduler:
     if not isinstance(found, Scheduler):
         raise ConfigurationError(f"{target} is a {type(found).__name__}, not a multilock.Scheduler")
     return found
-
-
-def _configure_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def _serve_metrics(port: int) -> None:
@@ -125,7 +72,7 @@ def run(
     On a signal no new runs start; running jobs finish or time out (the
     scheduler's stop timeout) and every lease is released before exit.
     """
-    _configure_logging(log_format, log_level)
+    configure_logging(log_format, log_level)
     scheduler = load_scheduler(target)
     if lock_url is not None:
         scheduler.use_lock(lock_url)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._base import AsyncLeaseBase, Outcome, undo_on_cancel
+from ._base import AsyncLeaseBase, Outcome, check_name, undo_on_cancel
 from ._clock import Clock, SharedTimers, SystemClock, call_at
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log, wanted
@@ -241,6 +241,7 @@ class Scheduler(Service):
         scheduler's. ``args``/``kwargs`` are bound now and passed to every run.
         """
         job = make_job(func, trigger, options, self._defaults)
+        check_name(job.name)  # before hashing it: a name may be any length until here
         validate_schedule(job, self._now(), self.skew_tolerance)
         key = advisory_key(job.name)
         state = _JobState(job)

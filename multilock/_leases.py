@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from ._clock import Clock
+from ._masking import masked_line
 from .abc import AsyncDistributedLock, AsyncLease, Capability
+from .errors import BackendUnavailable, LockLost
 
 __all__ = ["Leadership", "keep_alive", "needs_keep_alive"]
 
@@ -35,7 +38,10 @@ async def _extend_periodically(lease: AsyncLease, ttl: float, clock: Clock) -> N
         await clock.sleep_until(clock.now() + ttl / 3)
         try:
             await lease.extend(ttl)
-        except Exception:  # the lease is gone: its lost signal tells the holder
+        except (BackendUnavailable, LockLost) as exc:  # its lost signal tells the holder
+            log.warning("extending the lease on %s failed: %s", lease.name, masked_line(exc))
+            return
+        except Exception:
             log.warning("extending the lease on %s failed", lease.name, exc_info=True)
             return
 
@@ -52,8 +58,12 @@ class Leadership:
         poll: float,
         clock: Clock,
         replica_id: str,
+        answered: Callable[[], object] = lambda: None,
+        unanswered: Callable[[str, str], bool] = lambda problem, what: True,
     ) -> None:
         self.locker = locker
+        self._answered = answered  # the backend answered
+        self._unanswered = unanswered  # it did not: True if that is news to log
         self.name = name
         self.ttl = ttl
         self.poll = poll
@@ -73,9 +83,16 @@ class Leadership:
         while True:
             try:
                 lease = await self.locker.try_acquire(self.name, ttl=self.ttl)
+            except BackendUnavailable as exc:  # one outage, reported once with the others'
+                problem = masked_line(exc)
+                if self._unanswered(problem, "leader polls failed"):
+                    log.warning("leader election: the lock could not be asked: %s", problem)
+                lease = None
             except Exception:
                 log.warning("leader election: the lock could not be asked", exc_info=True)
                 lease = None
+            else:
+                self._answered()
             if lease is None:
                 await self.clock.sleep_until(self.clock.now() + self.poll)
                 continue

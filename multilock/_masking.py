@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MASK", "is_secret_option", "mask_text", "mask_url", "split_userinfo"]
+__all__ = ["MASK", "is_secret_option", "mask_text", "mask_url", "masked_line", "split_userinfo"]
 
 MASK = "***"
 SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -90,3 +90,8 @@ def mask_text(text: str) -> str:
 
 def _mask_plain(text: str) -> str:
     return _BARE_USERINFO.sub(MASK, _mask_query(text))
+
+
+def masked_line(error: BaseException | str) -> str:
+    """An error's message masked and on one line (a driver's may span several)."""
+    return " ".join(mask_text(str(error)).split())

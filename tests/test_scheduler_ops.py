@@ -430,3 +430,55 @@ def test_max_workers_is_checked() -> None:
         with pytest.raises(multilock.errors.ConfigurationError, match="max_workers"):
             Scheduler("memory://x", max_workers=bad)  # type: ignore[arg-type]
     assert Scheduler("memory://x", metrics=False).max_workers == 32
+
+
+# --- the lost path on a real server -------------------------------------------------------------
+
+
+def _advisory_holder(postgres_url: str, name: str) -> int | None:
+    """The server pid holding ``name``'s advisory lock, if any."""
+    psycopg = pytest.importorskip("psycopg")
+    from multilock_postgres._config import parse_settings
+
+    key = multilock.advisory_key(name) & 0xFFFFFFFFFFFFFFFF
+    settings = parse_settings(LockURL.parse(postgres_url))
+    with psycopg.connect(settings.conninfo, **settings.connect_kwargs()) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 1",
+            (key >> 32, key & 0xFFFFFFFF),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+
+def test_a_session_ended_by_the_server_is_one_error_line(postgres_url: str) -> None:
+    from multilock_postgres._backend import terminate
+
+    events, name = Events(), f"ops-lost-{uuid.uuid4().hex[:8]}"
+    sched = Scheduler(postgres_url, metrics=False, stop_timeout=5, probe_interval=0.2)
+    sched.add_listener(events)
+    running = threading.Event()
+
+    async def guarded() -> None:
+        if not running.is_set():  # the first run waits to be cut off; later ones return
+            running.set()
+            await asyncio.sleep(30)
+
+    sched.add_job(guarded, every(seconds=1), name=name)
+    with records() as kept:
+        sched.start_in_background()
+        try:
+            assert running.wait(10)
+            pid = poll_for(lambda: _advisory_holder(postgres_url, name), "the lock is held")
+            assert terminate(LockURL.parse(postgres_url), pid)
+            poll_for(lambda: events.of(EventKind.LEASE_LOST), "lease_lost", 20)
+            succeeded = len(events.of(EventKind.SUCCEEDED))
+            # The probes and ticks that follow add nothing at WARNING or above.
+            poll_for(lambda: len(events.of(EventKind.SUCCEEDED)) >= succeeded + 2, "2 more runs")
+        finally:
+            sched.shutdown()
+    loud = [(level, text) for level, text in lines(kept) if level in ("WARNING", "ERROR")]
+    assert len(loud) == 1, loud
+    assert loud[0][0] == "ERROR"
+    assert f"job {name} tick " in loud[0][1]
+    assert " lease_lost " in loud[0][1]

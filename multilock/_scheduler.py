@@ -466,7 +466,10 @@ class Scheduler(Service):
     async def _probe(self) -> str | None:
         """Ask the backend for the probe lock: ``None`` when it answered (a lease, at
         once released, or "held elsewhere"), else why not. A probe still waiting after
-        ``_PROBE_TIMEOUT`` is left to finish (and release) on its own."""
+        ``_PROBE_TIMEOUT`` is left to finish (and release) on its own, and no other
+        starts while it waits."""
+        if self._probes:
+            return f"{self._locker.url}: still no answer to the previous probe"
         probe = asyncio.ensure_future(self._ask_backend())
         self._probes.add(probe)
         probe.add_done_callback(self._probes.discard)

@@ -4,6 +4,7 @@ waiting for the backend; the metrics and health endpoints, on loopback unless to
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -36,7 +37,9 @@ def app(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(
+    cwd: Path, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``multilock run opsapp:scheduler ARGS`` to its end."""
     return subprocess.run(
         [sys.executable, "-m", "multilock", "run", "opsapp:scheduler", *args],
@@ -46,7 +49,16 @@ def run(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProce
         timeout=timeout,
         stdin=subprocess.DEVNULL,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def test_the_lock_url_may_come_from_the_environment_out_of_the_process_list(app: Path) -> None:
+    pytest.importorskip("multilock_redis")
+    done = run(app, env={"MULTILOCK_LOCK_URL": f"redis://:{SECRET}@127.0.0.1:1/0"})
+    assert done.returncode == 1, done.stderr
+    assert "the scheduler cannot start: redis at redis://:***@127.0.0.1:1/0" in done.stderr
+    assert SECRET not in done.stderr
 
 
 def test_an_unreachable_backend_is_one_error_line_and_exit_1(app: Path) -> None:

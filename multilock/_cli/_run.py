@@ -63,7 +63,13 @@ def _serve_endpoints(
 
 @cli.command()
 @click.argument("target", metavar="MODULE:ATTR")
-@click.option("--lock", "lock_url", default=None, help="lock URL, instead of the scheduler's own")
+@click.option(
+    "--lock",
+    "lock_url",
+    envvar="MULTILOCK_LOCK_URL",
+    default=None,
+    help="lock URL, instead of the scheduler's own (or $MULTILOCK_LOCK_URL: out of `ps`)",
+)
 @click.option(
     "--wait-for-backend",
     metavar="DURATION",

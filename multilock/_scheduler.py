@@ -740,7 +740,10 @@ class Scheduler(Service):
                     EventKind.MISSED, due.job, due.fire, error=exc, reason=reason, logged=first
                 )
             return
-        reason = "lock refused" if isinstance(exc, ConfigurationError) else "lock call failed"
+        if isinstance(exc, ConfigurationError):
+            reason = f"lock refused: {masked_line(exc)}"  # bad input: the reason, no traceback
+        else:
+            reason = "lock call failed"  # a backend's bug: its traceback follows
         for due in shared:
             due.state.settle()
             self._emit(EventKind.FAILED, due.job, due.fire, error=exc, reason=reason)

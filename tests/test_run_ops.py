@@ -184,3 +184,59 @@ def test_the_port_of_another_process_is_one_line(app: Path) -> None:
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert line == f"error: cannot serve health checks on 127.0.0.1:{port}: Address already in use"
+
+
+def _family(root: int) -> list[int]:
+    """``root`` and every process descending from it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def test_no_password_on_the_command_line_of_run_or_its_children(app: Path) -> None:
+    health = _free_port()
+    env = {**os.environ, "MULTILOCK_LOCK_URL": f"memory://app:{SECRET}@ops-argv"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "multilock",
+            "run",
+            "opsapp:scheduler",
+            "--health-port",
+            str(health),
+        ],
+        cwd=app,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert _get(f"http://127.0.0.1:{health}/readyz") == (200, "ready\n")
+        family = _family(process.pid)
+        for pid in family:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue  # gone meanwhile
+            assert SECRET.encode() not in argv, pid
+        # The environment is the owner's alone to read (unlike the command line).
+        assert (Path(f"/proc/{process.pid}/environ").stat().st_mode & 0o077) == 0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    assert SECRET not in out + err

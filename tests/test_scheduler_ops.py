@@ -482,3 +482,53 @@ def test_a_session_ended_by_the_server_is_one_error_line(postgres_url: str) -> N
     assert loud[0][0] == "ERROR"
     assert f"job {name} tick " in loud[0][1]
     assert " lease_lost " in loud[0][1]
+
+
+# --- the bad-input path ---------------------------------------------------------------------------
+
+
+def test_bad_input_raises_and_logs_nothing() -> None:
+    bad: list[Any] = [
+        lambda: Scheduler("redis://:pw@h:notaport/0"),
+        lambda: Scheduler("memory://x", wait_for_backend="forever"),
+        lambda: Scheduler("memory://x", probe_interval=0),
+        lambda: Scheduler("memory://x", metrics=False).add_job(
+            nothing, every(seconds=10), timeout="x"
+        ),
+    ]
+    with records(logging.DEBUG) as kept:
+        for make in bad:
+            with pytest.raises(multilock.errors.ConfigurationError) as info:
+                make()
+            assert "\n" not in str(info.value)
+    assert kept == []
+
+
+class Refusing(Switchable):
+    """memory:// whose batch acquire refuses every name as bad input, as a backend with
+    a lower name limit would."""
+
+    async def try_acquire_many(
+        self, names: Iterable[str], *, ttl: Any = None
+    ) -> Mapping[str, AsyncLease | None]:
+        raise multilock.errors.InvalidLockName("lock name of 9 bytes is too long for x://")
+
+
+def test_a_lock_refused_as_bad_input_is_one_error_line_a_tick_without_traceback() -> None:
+    locker, clock, events = Refusing(namespace()), ManualClock(T0 + 1), Events()
+    sched = Scheduler(locker, clock=clock, metrics=False, probe_interval=None)  # type: ignore[arg-type]
+    sched.add_listener(events)
+    sched.add_job(nothing, every(seconds=10), name="job")
+
+    async def scenario() -> None:
+        async with sched:
+            for tick in (10, 20):
+                clock.set(T0 + tick)
+                await settle()
+
+    with records() as kept:
+        asyncio.run(scenario())
+    refused = "lock refused: lock name of 9 bytes is too long for x://"
+    assert [e.reason for e in events.of(EventKind.FAILED)] == [refused, refused]
+    assert [(r.levelname, r.exc_info) for r in kept] == [("ERROR", None), ("ERROR", None)]
+    assert kept[0].getMessage().endswith(f" failed ({refused})")

@@ -122,22 +122,27 @@ def _listening(port: int) -> set[str]:
 
 
 @contextmanager
-def serving(cwd: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """``multilock run`` in the background until the block ends (then SIGTERM)."""
+def serving(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """``multilock run`` in the background until the block ends (then SIGTERM); the
+    list gets what it wrote to stdout and stderr once it has ended."""
     process = subprocess.Popen(
         [sys.executable, "-m", "multilock", "run", "opsapp:scheduler", *args],
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         stdin=subprocess.DEVNULL,
     )
+    said: list[str] = []
     try:
-        yield process
+        yield process, said
     finally:
         process.send_signal(signal.SIGTERM)
         try:
-            process.communicate(timeout=30)
+            said.extend(process.communicate(timeout=30))
         finally:
             process.kill()
 
@@ -207,28 +212,10 @@ def _family(root: int) -> list[int]:
 
 def test_no_password_on_the_command_line_of_run_or_its_children(app: Path) -> None:
     health = _free_port()
-    env = {**os.environ, "MULTILOCK_LOCK_URL": f"memory://app:{SECRET}@ops-argv"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "multilock",
-            "run",
-            "opsapp:scheduler",
-            "--health-port",
-            str(health),
-        ],
-        cwd=app,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
+    env = {"MULTILOCK_LOCK_URL": f"memory://app:{SECRET}@ops-argv"}
+    with serving(app, "--health-port", str(health), env=env) as (process, said):
         assert _get(f"http://127.0.0.1:{health}/readyz") == (200, "ready\n")
-        family = _family(process.pid)
-        for pid in family:
+        for pid in _family(process.pid):
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
@@ -236,7 +223,4 @@ def test_no_password_on_the_command_line_of_run_or_its_children(app: Path) -> No
             assert SECRET.encode() not in argv, pid
         # The environment is the owner's alone to read (unlike the command line).
         assert (Path(f"/proc/{process.pid}/environ").stat().st_mode & 0o077) == 0
-    finally:
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=30)
-    assert SECRET not in out + err
+    assert SECRET not in "".join(said)

@@ -17,13 +17,19 @@ log = logging.getLogger("multilock.scheduler")
 
 
 def keep_alive(
-    locker: AsyncDistributedLock, lease: AsyncLease, ttl: float, clock: Clock
+    locker: AsyncDistributedLock,
+    lease: AsyncLease,
+    ttl: float,
+    clock: Clock,
+    unanswered: Callable[[str, str], bool] = lambda problem, what: True,
 ) -> asyncio.Task[None] | None:
     """Extend ``lease`` every ``ttl / 3`` while held, if the backend has TTL leases it
-    does not renew itself; ``None`` (nothing to do) otherwise. Cancel the task to stop."""
+    does not renew itself; ``None`` (nothing to do) otherwise. Cancel the task to stop.
+    An unreachable backend is reported to ``unanswered`` (logged only if it says it is
+    news)."""
     if not needs_keep_alive(locker):
         return None
-    return asyncio.ensure_future(_extend_periodically(lease, ttl, clock))
+    return asyncio.ensure_future(_extend_periodically(lease, ttl, clock, unanswered))
 
 
 def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
@@ -33,13 +39,19 @@ def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
     return Capability.TTL in caps and Capability.RENEWAL not in caps
 
 
-async def _extend_periodically(lease: AsyncLease, ttl: float, clock: Clock) -> None:
+async def _extend_periodically(
+    lease: AsyncLease, ttl: float, clock: Clock, unanswered: Callable[[str, str], bool]
+) -> None:
     while lease.held:
         await clock.sleep_until(clock.now() + ttl / 3)
         try:
             await lease.extend(ttl)
-        except (BackendUnavailable, LockLost) as exc:  # its lost signal tells the holder
-            log.warning("extending the lease on %s failed: %s", lease.name, masked_line(exc))
+        except BackendUnavailable as exc:  # its lost signal tells the holder
+            if unanswered(masked_line(exc), "extends failed"):
+                log.warning("extending the lease on %s failed: %s", lease.name, masked_line(exc))
+            return
+        except LockLost as exc:  # lost: its holder reports that, once
+            log.debug("extending the lease on %s failed: %s", lease.name, masked_line(exc))
             return
         except Exception:
             log.warning("extending the lease on %s failed", lease.name, exc_info=True)

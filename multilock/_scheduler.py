@@ -333,6 +333,9 @@ class Scheduler(Service):
         try:
             await self._await_backend()
         except BaseException:
+            for probe in list(self._probes):  # one still waiting: nobody will read it
+                probe.cancel()
+                await wait_quietly(probe)
             self._loop = None
             await self._reset_locker()
             raise
@@ -786,7 +789,7 @@ class Scheduler(Service):
         extend = needs_keep_alive(self._locker)
         for (due, lease, lost, _), (run, body, started, starting) in zip(runs, begun, strict=True):
             keepalive = (
-                keep_alive(self._locker, lease, self.lease_ttl, self.clock)
+                keep_alive(self._locker, lease, self.lease_ttl, self.clock, self._unanswered)
                 if extend and lease is not None
                 else None
             )

@@ -194,10 +194,8 @@ class _FileCommon:
         Only regular files of ours are read, at most a few KiB each, never through a
         link or blocking on a FIFO; a file whose content does not parse is skipped.
         """
-        try:
-            directory = open_directory(self.directory, create=False)
-        except FileNotFoundError:
-            return []
+        # Made when missing, as the first acquire would: one that cannot be made fails.
+        directory = open_directory(self.directory, create=True)
         try:
             names = sorted(n for n in os.listdir(directory) if n.endswith(_SUFFIX))
             held_inodes = _flock_inodes()

@@ -388,7 +388,7 @@ def test_sync_jobs_run_on_the_schedulers_pool_and_a_crowd_is_visible() -> None:
         starts[name] = time.time()
         time.sleep(seconds)
 
-    fire = datetime.fromtimestamp(time.time() // 1 + 2, UTC)
+    fire = datetime.fromtimestamp(time.time() // 1 + 3, UTC)  # after the start, even when slow
     # Four sync jobs due together, two threads: two wait for the first two to end. The
     # last one's 0.5 s timeout counts from its real start (timed from the tick, it would
     # be past it before it started).

@@ -202,10 +202,14 @@ class Scheduler(Service):
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.clock: Clock = clock or SystemClock()
         self.wait_for_backend = (
-            0.0 if wait_for_backend is None else parse_duration(wait_for_backend, what="wait")
+            0.0
+            if wait_for_backend is None
+            else parse_duration(wait_for_backend, what="wait_for_backend")
         )
         self.probe_interval = (
-            None if probe_interval is None else parse_duration(probe_interval, what="probe")
+            None
+            if probe_interval is None
+            else parse_duration(probe_interval, what="probe_interval")
         )
         if self.probe_interval == 0:
             raise ConfigurationError("probe_interval must be positive (or None: never)")

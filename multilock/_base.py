@@ -32,12 +32,14 @@ from .abc import Capability, LockInfo
 from .errors import InvalidLockName, LockLost, MultilockError
 
 __all__ = [
+    "MAX_NAME_BYTES",
     "AsyncLeaseBase",
     "AsyncLockerBase",
     "LeaseBase",
     "LockInfo",
     "LockerBase",
     "Outcome",
+    "check_name",
     "finish_shielded",
     "new_token",
     "undo_on_cancel",
@@ -295,6 +297,37 @@ async def _settled(outcome: Outcome[Any]) -> None:
             pass
 
 
+MAX_NAME_BYTES = 64 * 1024
+"""The longest lock name any backend takes, in UTF-8 bytes (a backend may take fewer)."""
+
+
+def check_name(name: object, limit: int | None = None, scheme: str = "") -> str:
+    """``name`` if it is a lock name: text, valid Unicode, at most ``limit`` (and never
+    more than :data:`MAX_NAME_BYTES`) UTF-8 bytes; else :class:`InvalidLockName`."""
+    if not isinstance(name, str):
+        raise InvalidLockName(f"a lock name must be a str, not {type(name).__name__}")
+    limit = MAX_NAME_BYTES if limit is None else min(limit, MAX_NAME_BYTES)
+    # Counted without encoding where the length alone proves it short (4 bytes a
+    # character at most): the hot path pays for one encode, the validity check below.
+    if len(name) * 4 > limit:
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            where = f" for {scheme}://" if scheme else ""
+            raise InvalidLockName(
+                f"lock name of {size} bytes is too long{where} (at most {limit} UTF-8 bytes)"
+            )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidLockName(f"lock name {_shown(name)} is not valid Unicode text") from None
+    return name
+
+
+def _shown(name: str) -> str:
+    """``name`` for an error message: cut to a readable length."""
+    return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
+
+
 class _LockerCommon:
     capabilities: frozenset[Capability] = frozenset()
     max_name_length: int | None = None  # in UTF-8 bytes, where the backend has a limit
@@ -318,19 +351,7 @@ class _LockerCommon:
     def _check(self, name: object) -> str:
         if self._closed:
             raise MultilockError(f"{self!r} is closed")
-        if not isinstance(name, str):
-            raise InvalidLockName(f"a lock name must be a str, not {type(name).__name__}")
-        limit = self.max_name_length
-        if limit is not None and len(name.encode("utf-8", "surrogatepass")) > limit:
-            raise InvalidLockName(
-                f"lock name of {len(name.encode('utf-8', 'surrogatepass'))} bytes is too long"
-                f" for {self._url.scheme}:// (at most {limit} UTF-8 bytes)"
-            )
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidLockName(f"lock name {name!r} is not valid Unicode text") from None
-        return name
+        return check_name(name, self.max_name_length, self._url.scheme)
 
     def _ttl(self, ttl: Duration | None) -> float:
         """The acquire's ttl, checked (at most ``max_ttl``) before any server is asked."""

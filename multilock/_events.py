@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["EventKind", "JobEvent", "Listener", "emit", "wanted"]
+from .errors import BackendUnavailable, ConfigurationError
+
+__all__ = ["EventKind", "JobEvent", "Listener", "emit", "missed_cause", "wanted"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -19,14 +21,16 @@ class EventKind(enum.StrEnum):
     STARTED = "started"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    """The job raised, or its lock could not be asked for (``error`` says which)."""
+    """The job raised (``error``), or its lock was refused as bad input (a name too long
+    for the backend...)."""
     TIMED_OUT = "timed_out"
     SKIPPED_HELD = "skipped_held"
     """Another replica holds the job's lease (or leads): normal, logged at DEBUG."""
     SKIPPED_OVERLAP = "skipped_overlap"
     """The previous run in this process is still going and ``overlap="reschedule"``."""
     MISSED = "missed"
-    """The tick was too late to run (misfire grace passed, or coalesced away)."""
+    """The tick did not run: too late (misfire grace passed), coalesced away, or its
+    lock could not be asked for (``error`` is the ``BackendUnavailable``)."""
     LEASE_LOST = "lease_lost"
     """The lease (or leadership) was lost during the run, which was cancelled."""
 
@@ -44,7 +48,7 @@ class JobEvent:
     delay: float | None = None
     """Seconds between the fire time and the start (``started``)."""
     error: BaseException | None = None
-    """The exception of ``failed``."""
+    """The exception of ``failed``; the ``BackendUnavailable`` of a ``missed`` tick."""
     reason: str | None = None
     """Why a tick was skipped, missed or lost."""
 
@@ -64,15 +68,33 @@ _LEVELS = {
 }
 
 
+def _traced(event: JobEvent) -> bool:
+    error = event.error
+    return (
+        event.kind is EventKind.FAILED
+        and error is not None
+        and not isinstance(error, ConfigurationError)
+    )
+
+
 def wanted(kind: EventKind, listeners: list[Listener]) -> bool:
     """Whether an event of ``kind`` would be seen: a listener, or its log level enabled."""
     return bool(listeners) or log.isEnabledFor(_LEVELS[kind])
 
 
-def emit(event: JobEvent, listeners: list[Listener]) -> None:
-    """Log ``event`` with structured fields, then hand it to every listener."""
+def missed_cause(event: JobEvent) -> str:
+    """Why a ``missed`` tick was missed: ``backend_unavailable`` (its lock could not be
+    asked), ``coalesced`` (a later tick ran instead) or ``late`` (past its grace)."""
+    if isinstance(event.error, BackendUnavailable):
+        return "backend_unavailable"
+    return "coalesced" if event.reason == "coalesced" else "late"
+
+
+def emit(event: JobEvent, listeners: list[Listener], *, logged: bool = True) -> None:
+    """Log ``event`` (unless not ``logged``: a repeat reported elsewhere) with structured
+    fields, then hand it to every listener. Only a job's own failure gets a traceback."""
     level = _LEVELS[event.kind]
-    if log.isEnabledFor(level):
+    if logged and log.isEnabledFor(level):
         fields = {
             "job": event.job,
             "fire_time": event.fire_time.isoformat(),
@@ -92,7 +114,7 @@ def emit(event: JobEvent, listeners: list[Listener]) -> None:
             event.kind.value,
             detail,
             extra=fields,
-            exc_info=(type(error), error, error.__traceback__) if error is not None else None,
+            exc_info=error if error is not None and _traced(event) else None,
         )
     for listener in listeners:
         try:

@@ -13,6 +13,7 @@ line describing the current holder, cleared on release.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -21,6 +22,7 @@ import socket
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+from stat import S_IMODE, S_ISDIR, S_ISREG
 from urllib.parse import unquote
 
 from ._base import AsyncLeaseBase, AsyncLockerBase, LeaseBase, LockerBase, LockInfo, new_token
@@ -31,6 +33,11 @@ from .errors import BackendUnavailable, InvalidURL
 __all__ = ["AsyncFileLocker", "FileBackend", "FileLocker", "backend", "default_directory"]
 
 _OPTIONS = OptionParser({"ttl": as_duration}, {"ttl": 30.0})
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening (or reading) a FIFO or a device planted as a lock file never waits.
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_MAX_READ = 4096  # a lock file holds two short lines
 _MAX_FILENAME = 200  # below NAME_MAX (255) with room for the suffix
 _SUFFIX = ".lock"
 _HASHED = re.compile(r".{100}~[0-9a-f]{32}")
@@ -121,7 +128,6 @@ class _FileCommon:
             )
         values, _ = _OPTIONS.parse(url)
         self.directory = Path(url.path) if url.path not in ("", "/") else default_directory()
-        self._made = False
         self._open: set[_FileLockState] = set()
         return float(values["ttl"])
 
@@ -129,11 +135,9 @@ class _FileCommon:
         return os.path.join(self.directory, _filename(name))
 
     def _lock(self, name: str, cls: type[LeaseBase] | type[AsyncLeaseBase]) -> object | None:
+        filename = _filename(name)
+        fd = self._open_lock_file(filename)
         path = self._path(name)
-        try:
-            fd = self._open_file(path)
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot open lock file {path!r}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -158,59 +162,160 @@ class _FileCommon:
         lease._state.lease = lease  # type: ignore[union-attr]
         return lease
 
-    def _open_file(self, path: str) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+    def _open_lock_file(self, filename: str) -> int:
+        """The lock file ``filename``, opened (made if missing) in the verified directory:
+        never through a symbolic link, and only a regular file of ours."""
+        directory = open_directory(self.directory, create=True)
+        path = os.path.join(self.directory, filename)
         try:
-            return os.open(path, flags, 0o600)
-        except FileNotFoundError:
-            # First use, or the directory was removed: make it (private) and retry once.
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            return os.open(path, flags, 0o600)
+            fd = os.open(filename, _LOCK_FLAGS, 0o600, dir_fd=directory)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise BackendUnavailable(
+                    f"lock file {path!r} is a symbolic link: refusing to follow it"
+                ) from None
+            raise BackendUnavailable(f"cannot open lock file {path!r}: {exc.strerror}") from None
+        finally:
+            os.close(directory)
+        problem = _not_ours(os.fstat(fd), "lock file")
+        if problem is not None:
+            os.close(fd)
+            raise BackendUnavailable(f"{problem.format(path=path)}: refusing to use it")
+        return fd
 
     def _release_all(self) -> None:
         for state in list(self._open):
             state.lease._released = True  # type: ignore[attr-defined]  # closed: no longer held
             state.release()
 
-    def _scan(self) -> list[os.DirEntry[str]]:
-        try:
-            return list(os.scandir(self.directory))
-        except FileNotFoundError:
-            # As the first acquire does: make the directory; one that cannot be made fails.
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            return []
-
     def locks(self) -> list[LockInfo]:
-        """The locks held in this directory, by any process, with their holders."""
-        held_inodes = _flock_inodes()
-        found: list[LockInfo] = []
+        """The locks held in this directory, by any process, with their holders.
+
+        Only regular files of ours are read, at most a few KiB each, never through a
+        link or blocking on a FIFO; a file whose content does not parse is skipped.
+        """
+        # Made when missing, as the first acquire would: one that cannot be made fails.
+        directory = open_directory(self.directory, create=True)
         try:
-            entries = sorted(self._scan(), key=lambda e: e.name)
+            names = sorted(n for n in os.listdir(directory) if n.endswith(_SUFFIX))
+            held_inodes = _flock_inodes()
+            found = []
+            for filename in names:
+                info = _read_lock_file(directory, filename, held_inodes)
+                if info is not None:
+                    holder, since, details = info
+                    found.append(
+                        LockInfo(
+                            key=os.path.join(self.directory, filename),
+                            name=_name_of(filename),
+                            holder=holder,
+                            since=since,
+                            details=details,
+                        )
+                    )
+            return found
+        finally:
+            os.close(directory)
+
+
+_LockRecord = tuple[str, datetime | None, dict[str, object]]
+
+
+def _read_lock_file(directory: int, filename: str, held: set[int] | None) -> _LockRecord | None:
+    """(holder, since, details) of a held lock file, or ``None``: not a regular
+    file of ours, not held (a crashed holder's), or not what a holder writes."""
+    try:
+        fd = os.open(filename, _READ_FLAGS, dir_fd=directory)
+    except OSError:
+        return None  # a link (ELOOP), gone, or not ours to read
+    try:
+        stat = os.fstat(fd)
+        if _not_ours(stat, "") is not None or (held is not None and stat.st_ino not in held):
+            return None
+        data = os.pread(fd, _MAX_READ, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lines = data.decode("utf-8", "replace").splitlines()
+    if len(lines) < 2:
+        return None  # no holder line: released
+    fields = lines[1].split(" ")
+    try:
+        fence = int(lines[0])
+        since = datetime.fromisoformat(fields[3]) if len(fields) > 3 else None
+    except ValueError:
+        return None
+    pid, host, token = [*fields, "", "", ""][:3]
+    return f"pid {pid} on {host}", since, {"token": token, "fencing_token": fence}
+
+
+def open_directory(path: Path, *, create: bool) -> int:
+    """A descriptor of the lock directory ``path``, verified: not a symbolic link, a
+    directory, owned by this process's user, writable by no one else. Made (0700,
+    whatever the umask) when missing and ``create``; ``FileNotFoundError`` otherwise.
+    Anything else is refused with :class:`BackendUnavailable` naming the problem."""
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            raise
+        _make_private(path)
+        return open_directory(path, create=False)
+    except OSError as exc:
+        # O_NOFOLLOW | O_DIRECTORY on a link to a directory fails with ENOTDIR, not ELOOP.
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(path)):
+            why = "is a symbolic link: refusing to follow it"
+        else:
+            why = f"cannot be opened: {exc.strerror}"
+        raise BackendUnavailable(f"lock directory {str(path)!r} {why}") from None
+    problem = _not_ours(os.fstat(fd), "lock directory")
+    if problem is not None:
+        os.close(fd)
+        raise BackendUnavailable(
+            f"{problem.format(path=str(path))}: refusing to use it (another user could plant"
+            " links there or take its names); use a directory of yours with mode 0700"
+        )
+    return fd
+
+
+def _not_ours(stat: os.stat_result, what: str) -> str | None:
+    """Why a file or directory is not safe to use (a template with ``{path!r}``), or
+    ``None``: it must be of its kind, owned by us, and writable by no one else."""
+    kind = "a directory" if what == "lock directory" else "a regular file"
+    is_kind = S_ISDIR(stat.st_mode) if what == "lock directory" else S_ISREG(stat.st_mode)
+    if not is_kind:
+        return f"{what} {{path!r}} is not {kind}"
+    if stat.st_uid != os.geteuid():
+        return f"{what} {{path!r}} is owned by uid {stat.st_uid}, not by uid {os.geteuid()}"
+    if stat.st_mode & 0o022:
+        return f"{what} {{path!r}} is writable by group or others (mode {S_IMODE(stat.st_mode):o})"
+    return None
+
+
+def _make_private(path: Path) -> None:
+    """Make ``path`` and its missing parents 0700, whatever the umask (``mkdir`` applies
+    the umask to the mode it is given; ``makedirs`` gives parents 0777)."""
+    missing = []
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile: open_directory verifies what is there
         except OSError as exc:
-            message = f"cannot list lock directory {str(self.directory)!r}: {exc.strerror}"
-            raise BackendUnavailable(message) from None
-        for entry in entries:
-            if not entry.name.endswith(_SUFFIX):
-                continue
-            try:
-                text = Path(entry.path).read_text(errors="replace")
-                inode = entry.inode()
-            except OSError:
-                continue
-            lines = text.splitlines()
-            if len(lines) < 2 or (held_inodes is not None and inode not in held_inodes):
-                continue  # no holder line, or the kernel says nobody holds it (crashed holder)
-            pid, host, token, since = [*lines[1].split(" "), "", "", ""][:4]
-            found.append(
-                LockInfo(
-                    key=entry.path,
-                    name=_name_of(entry.name),
-                    holder=f"pid {pid} on {host}",
-                    since=datetime.fromisoformat(since) if since else None,
-                    details={"token": token, "fencing_token": int(lines[0] or 0)},
-                )
-            )
-        return found
+            raise BackendUnavailable(
+                f"cannot make lock directory {str(directory)!r}: {exc.strerror}"
+            ) from None
+        fd = os.open(directory, _DIR_FLAGS)
+        try:
+            if os.fstat(fd).st_uid == os.geteuid():
+                os.fchmod(fd, 0o700)  # the umask may have taken bits away, never added
+        finally:
+            os.close(fd)
 
 
 def _flock_inodes() -> set[int] | None:

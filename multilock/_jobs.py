@@ -8,6 +8,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypedDict
@@ -224,12 +225,27 @@ def current_run() -> RunContext:
         raise RuntimeError("current_run() called outside a job run by a Scheduler") from None
 
 
-def start_run(job: Job, run: RunContext) -> asyncio.Future[Any]:
-    """Start ``job`` with ``run`` as its context: a task, or a worker thread for sync jobs."""
+def start_run(
+    job: Job,
+    run: RunContext,
+    executor: Executor | None = None,
+    started: Callable[[], object] | None = None,
+) -> asyncio.Future[Any]:
+    """Start ``job`` with ``run`` as its context: a task, or for a sync job a call on
+    ``executor``'s worker threads, which calls ``started()`` there as the body starts
+    (it may wait for a free thread first) -- unless the run was cancelled meanwhile."""
     context = contextvars.copy_context()
     context.run(_current.set, run)
     loop = asyncio.get_running_loop()
     if job.is_async:
         return loop.create_task(job.func(*job.args, **job.kwargs), context=context)
-    call = functools.partial(context.run, job.func, *job.args, **job.kwargs)
-    return loop.run_in_executor(None, call)
+    call = functools.partial(context.run, _in_worker, run, started, job)
+    return loop.run_in_executor(executor, call)
+
+
+def _in_worker(run: RunContext, started: Callable[[], object] | None, job: Job) -> Any:
+    if run.cancelled:
+        return None  # stopped while it waited for a thread: the run reports why
+    if started is not None:
+        started()
+    return job.func(*job.args, **job.kwargs)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from ._clock import Clock
+from ._masking import masked_line
 from .abc import AsyncDistributedLock, AsyncLease, Capability
+from .errors import BackendUnavailable, LockLost
 
 __all__ = ["Leadership", "keep_alive", "needs_keep_alive"]
 
@@ -14,13 +17,19 @@ log = logging.getLogger("multilock.scheduler")
 
 
 def keep_alive(
-    locker: AsyncDistributedLock, lease: AsyncLease, ttl: float, clock: Clock
+    locker: AsyncDistributedLock,
+    lease: AsyncLease,
+    ttl: float,
+    clock: Clock,
+    unanswered: Callable[[str, str], bool] = lambda problem, what: True,
 ) -> asyncio.Task[None] | None:
     """Extend ``lease`` every ``ttl / 3`` while held, if the backend has TTL leases it
-    does not renew itself; ``None`` (nothing to do) otherwise. Cancel the task to stop."""
+    does not renew itself; ``None`` (nothing to do) otherwise. Cancel the task to stop.
+    An unreachable backend is reported to ``unanswered`` (logged only if it says it is
+    news)."""
     if not needs_keep_alive(locker):
         return None
-    return asyncio.ensure_future(_extend_periodically(lease, ttl, clock))
+    return asyncio.ensure_future(_extend_periodically(lease, ttl, clock, unanswered))
 
 
 def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
@@ -30,12 +39,21 @@ def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
     return Capability.TTL in caps and Capability.RENEWAL not in caps
 
 
-async def _extend_periodically(lease: AsyncLease, ttl: float, clock: Clock) -> None:
+async def _extend_periodically(
+    lease: AsyncLease, ttl: float, clock: Clock, unanswered: Callable[[str, str], bool]
+) -> None:
     while lease.held:
         await clock.sleep_until(clock.now() + ttl / 3)
         try:
             await lease.extend(ttl)
-        except Exception:  # the lease is gone: its lost signal tells the holder
+        except BackendUnavailable as exc:  # its lost signal tells the holder
+            if unanswered(masked_line(exc), "extends failed"):
+                log.warning("extending the lease on %s failed: %s", lease.name, masked_line(exc))
+            return
+        except LockLost as exc:  # lost: its holder reports that, once
+            log.debug("extending the lease on %s failed: %s", lease.name, masked_line(exc))
+            return
+        except Exception:
             log.warning("extending the lease on %s failed", lease.name, exc_info=True)
             return
 
@@ -52,8 +70,12 @@ class Leadership:
         poll: float,
         clock: Clock,
         replica_id: str,
+        answered: Callable[[], object] = lambda: None,
+        unanswered: Callable[[str, str], bool] = lambda problem, what: True,
     ) -> None:
         self.locker = locker
+        self._answered = answered  # the backend answered
+        self._unanswered = unanswered  # it did not: True if that is news to log
         self.name = name
         self.ttl = ttl
         self.poll = poll
@@ -73,9 +95,16 @@ class Leadership:
         while True:
             try:
                 lease = await self.locker.try_acquire(self.name, ttl=self.ttl)
+            except BackendUnavailable as exc:  # one outage, reported once with the others'
+                problem = masked_line(exc)
+                if self._unanswered(problem, "leader polls failed"):
+                    log.warning("leader election: the lock could not be asked: %s", problem)
+                lease = None
             except Exception:
                 log.warning("leader election: the lock could not be asked", exc_info=True)
                 lease = None
+            else:
+                self._answered()
             if lease is None:
                 await self.clock.sleep_until(self.clock.now() + self.poll)
                 continue

@@ -10,15 +10,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._events import EventKind, JobEvent, Listener
+from ._events import EventKind, JobEvent, missed_cause
 
-__all__ = ["metrics_listener"]
+__all__ = ["Recorder", "metrics_listener"]
 
-_made: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
+_made: dict[int, tuple[Any, ...]] = {}
 _guard = threading.Lock()
 
 
-def _metrics_for(registry: Any) -> tuple[Any, Any, Any, Any, Any]:
+def _metrics_for(registry: Any) -> tuple[Any, ...]:
     from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
     registry = REGISTRY if registry is None else registry
@@ -47,7 +47,21 @@ def _metrics_for(registry: Any) -> tuple[Any, Any, Any, Any, Any]:
                 ),
                 Histogram(
                     "multilock_job_schedule_delay_seconds",
-                    "Seconds from the scheduled fire time to the start of the run.",
+                    "Seconds from the scheduled fire time to the start of the run's body.",
+                    ["job"],
+                    registry=registry,
+                ),
+                Counter(
+                    "multilock_job_missed",
+                    "Ticks of the job missed on this replica, by cause"
+                    " (late, coalesced, backend_unavailable).",
+                    ["job", "cause"],
+                    registry=registry,
+                ),
+                Counter(
+                    "multilock_job_worker_waits",
+                    "Runs of a sync job whose body waited for a free worker thread"
+                    " (the scheduler's max_workers is too small for the jobs due together).",
                     ["job"],
                     registry=registry,
                 ),
@@ -56,23 +70,38 @@ def _metrics_for(registry: Any) -> tuple[Any, Any, Any, Any, Any]:
     return made
 
 
-def metrics_listener(registry: Any = None) -> Listener | None:
-    """A listener recording runs into ``registry`` (default: the global one), or
-    ``None`` when prometheus-client is not installed."""
-    try:
-        _, last_success, runs, duration, delay = _metrics_for(registry)
-    except ImportError:
-        return None
+class Recorder:
+    """Records runs into Prometheus metrics: a listener of every event, and told of the
+    runs that wait for a worker thread (which are not events)."""
 
-    def record(event: JobEvent) -> None:
+    def __init__(self, metrics: tuple[Any, ...]) -> None:
+        _, self._success, self._runs, self._duration, self._delay, self._missed, self._waits = (
+            metrics
+        )
+
+    def __call__(self, event: JobEvent) -> None:
+        """Record ``event``."""
         if event.kind is EventKind.STARTED:
             if event.delay is not None:
-                delay.labels(event.job).observe(max(event.delay, 0.0))
+                self._delay.labels(event.job).observe(max(event.delay, 0.0))
             return
-        runs.labels(event.job, event.kind.value).inc()
+        self._runs.labels(event.job, event.kind.value).inc()
         if event.duration is not None:
-            duration.labels(event.job).observe(event.duration)
+            self._duration.labels(event.job).observe(event.duration)
         if event.kind is EventKind.SUCCEEDED:
-            last_success.labels(event.job).set_to_current_time()
+            self._success.labels(event.job).set_to_current_time()
+        elif event.kind is EventKind.MISSED:
+            self._missed.labels(event.job, missed_cause(event)).inc()
 
-    return record
+    def worker_wait(self, job: str) -> None:
+        """A run of ``job`` waits for a free worker thread."""
+        self._waits.labels(job).inc()
+
+
+def metrics_listener(registry: Any = None) -> Recorder | None:
+    """A recorder of runs into ``registry`` (default: the global one), or ``None`` when
+    prometheus-client is not installed."""
+    try:
+        return Recorder(_metrics_for(registry))
+    except ImportError:
+        return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -26,11 +27,17 @@ __all__ = ["Host", "JobState", "Run", "begin", "wait_quietly"]
 log = logging.getLogger("multilock.scheduler")
 
 
-def begin(job: Job, run: RunContext) -> asyncio.Future[Any]:
-    """Start ``job``'s body now (a task, or a worker thread for sync jobs); a failure to
-    call it (its arguments) comes back as a failed future, reported as ``failed``."""
+def begin(
+    job: Job,
+    run: RunContext,
+    executor: Executor | None = None,
+    started: Callable[[], object] | None = None,
+) -> asyncio.Future[Any]:
+    """Start ``job``'s body now (a task, or on ``executor``'s worker threads for sync
+    jobs, calling ``started()`` there as it starts); a failure to call it (its
+    arguments) comes back as a failed future, reported as ``failed``."""
     try:
-        return start_run(job, run)
+        return start_run(job, run, executor, started)
     except Exception as exc:
         failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         failed.set_exception(exc)
@@ -118,7 +125,7 @@ class Run:
         lost: LostSignal | None,
         context: RunContext,
         body: asyncio.Future[Any],
-        started: float,
+        started: float | None,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._host = host
@@ -130,7 +137,7 @@ class Run:
         # long enough for the garbage collector to scan them again and again.
         self.context: RunContext | None = context
         self.body: asyncio.Future[Any] | None = body
-        self.started = started
+        self.started = started  # None: a sync body waiting for a worker thread
         self._cut: tuple[EventKind, str] | None = None  # why the run stopped the body
         self._cancel_timer: Callable[[], object] | None = None  # the job's timeout
         self._keepalive: asyncio.Task[None] | None = None
@@ -141,9 +148,8 @@ class Run:
         self._keepalive = keepalive
         assert self.body is not None
         self.body.add_done_callback(self._body_done)
-        if self.job.timeout is not None:
-            deadline = self.started + self.job.timeout
-            self._cancel_timer = call_at(self._host.clock, deadline, self._timed_out)
+        if self.started is not None:
+            self._arm_timeout(self.started)
         if self.lost is not None:
             # One watch for the whole run: it stops the body, or ends the hold. The run
             # is the callback itself (__call__): a bound method would be one more object
@@ -151,6 +157,21 @@ class Run:
             self.lost.add_callback(self)
 
     # --- the body ---------------------------------------------------------------------
+
+    def body_started(self, at: float) -> None:
+        """A sync body began on its worker thread at ``at`` (by the clock): its lateness
+        is reported, and its timeout runs, from then."""
+        if self.body is None or self.started is not None:
+            return
+        self.started = at
+        self._host._emit(EventKind.STARTED, self.job, self.fire, delay=at - self.fire.timestamp())
+        if self._cut is None:
+            self._arm_timeout(at)
+
+    def _arm_timeout(self, started: float) -> None:
+        if self.job.timeout is not None:
+            deadline = started + self.job.timeout
+            self._cancel_timer = call_at(self._host.clock, deadline, self._timed_out)
 
     def _lost_while_running(self) -> None:
         reason = self.lost.reason if self.lost is not None else None
@@ -187,7 +208,7 @@ class Run:
         else:
             error = body.exception()
             kind = EventKind.SUCCEEDED if error is None else EventKind.FAILED
-        duration = self._host.clock.now() - self.started
+        duration = None if self.started is None else self._host.clock.now() - self.started
         self._host._emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
         if self.lease is not None and kind is not EventKind.LEASE_LOST:
             self._hold(self.lease)

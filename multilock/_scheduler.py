@@ -9,11 +9,12 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._base import AsyncLeaseBase, Outcome, undo_on_cancel
+from ._base import AsyncLeaseBase, Outcome, check_name, undo_on_cancel
 from ._clock import Clock, SharedTimers, SystemClock, call_at
 from ._durations import Duration, parse_duration
 from ._events import EventKind, JobEvent, Listener, emit, log, wanted
@@ -29,9 +30,11 @@ from ._jobs import (
 )
 from ._keys import advisory_key
 from ._leases import Leadership, keep_alive, needs_keep_alive
-from ._metrics import metrics_listener
+from ._masking import masked_line
+from ._metrics import Recorder, metrics_listener
 from ._queue import FireQueue
 from ._registry import connect_async
+from ._repeats import Repeats
 from ._runs import Run, begin, wait_quietly
 from ._service import Service
 from ._signal import LostSignal
@@ -39,7 +42,7 @@ from ._sync_adapter import AsyncView
 from ._triggers import Trigger
 from ._walltime import as_timezone
 from .abc import AsyncDistributedLock, AsyncLease, DistributedLock
-from .errors import ConfigurationError
+from .errors import BackendUnavailable, ConfigurationError
 
 __all__ = ["Scheduler"]
 
@@ -47,6 +50,11 @@ FuncT = TypeVar("FuncT", bound=Callable[..., Any])
 Coordination = Literal["lock", "leader"]
 _MAX_CATCH_UP = 1000  # ticks walked one by one after a pause; beyond, they are skipped in bulk
 _HOLD_GRID = 20  # lease holds end on 1/20 s boundaries (rounded up): see _hold_until
+PROBE_NAME = "multilock-probe"
+"""The lock name the scheduler's backend probe tries (a lease, or "held elsewhere": both
+are answers); taken and released at once."""
+_PROBE_TIMEOUT = 10.0  # seconds a probe may wait for its answer (real time)
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 10.0  # the pauses of wait_for_backend, doubling
 
 
 @dataclass(slots=True)
@@ -139,8 +147,15 @@ class Scheduler(Service):
     margin of leases on TTL backends. ``stop_timeout``: how long shutdown waits
     for running jobs. ``clock`` drives every time decision (tests inject one).
     ``metrics`` records Prometheus metrics into ``registry`` when
-    prometheus-client is installed. See ``docs/scheduler.md`` for the
-    exactly-once guarantee and its limits.
+    prometheus-client is installed.
+    ``wait_for_backend`` (default ``None``): how long :meth:`start` retries a
+    backend that does not answer its probe, with backoff, before it gives up; by
+    default it refuses to start at once (``BackendUnavailable``). ``probe_interval``
+    (default 10 s, ``None`` for never): how often the backend is probed while
+    running, for :meth:`readiness` and to report an outage before the next tick.
+    ``max_workers`` (default 32): the threads of the pool that runs sync jobs; a run
+    that must wait for a free one is logged and counted.
+    See ``docs/scheduler.md`` for the exactly-once guarantee and its limits.
     """
 
     def __init__(
@@ -160,6 +175,9 @@ class Scheduler(Service):
         clock: Clock | None = None,
         metrics: bool = True,
         registry: Any = None,
+        wait_for_backend: Duration | None = None,
+        probe_interval: Duration | None = 10.0,
+        max_workers: int = 32,
     ) -> None:
         if lock is None:
             lock = "file://" + str(default_directory())
@@ -183,11 +201,31 @@ class Scheduler(Service):
         self.lease_ttl = parse_duration(lease_ttl, what="lease_ttl")
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.clock: Clock = clock or SystemClock()
+        self.wait_for_backend = (
+            0.0
+            if wait_for_backend is None
+            else parse_duration(wait_for_backend, what="wait_for_backend")
+        )
+        self.probe_interval = (
+            None
+            if probe_interval is None
+            else parse_duration(probe_interval, what="probe_interval")
+        )
+        if self.probe_interval == 0:
+            raise ConfigurationError("probe_interval must be positive (or None: never)")
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ConfigurationError(f"max_workers must be a positive int, not {max_workers!r}")
+        self.max_workers = max_workers
         self._listeners: list[Listener] = []
-        if metrics:
-            recorder = metrics_listener(registry)
-            if recorder is not None:
-                self._listeners.append(recorder)
+        self._recorder: Recorder | None = metrics_listener(registry) if metrics else None
+        if self._recorder is not None:
+            self._listeners.append(self._recorder)
+        self._outage = Repeats(log, self.clock)  # the backend not answering
+        self._crowded = Repeats(log, self.clock)  # sync jobs waiting for a worker thread
+        self._reachable: tuple[bool, str] = (False, "the scheduler has not started")
+        self._pool: ThreadPoolExecutor | None = None  # runs sync jobs, made on first use
+        self._workers_busy = 0  # sync runs submitted and not over (started or queued)
+        self._probes: set[asyncio.Task[str | None]] = set()
         self._states: dict[str, _JobState] = {}  # the loop reads snapshots: list(values())
         self._guard = threading.Lock()
         self._keys: dict[int, str] = {}
@@ -211,6 +249,8 @@ class Scheduler(Service):
                 poll=parse_duration(leader_poll, what="leader_poll"),
                 clock=self.clock,
                 replica_id=self.replica_id,
+                answered=self._answered,
+                unanswered=self._unanswered,
             )
             if coordination == "leader"
             else None
@@ -241,6 +281,7 @@ class Scheduler(Service):
         scheduler's. ``args``/``kwargs`` are bound now and passed to every run.
         """
         job = make_job(func, trigger, options, self._defaults)
+        check_name(job.name)  # before hashing it: a name may be any length until here
         validate_schedule(job, self._now(), self.skew_tolerance)
         key = advisory_key(job.name)
         state = _JobState(job)
@@ -283,17 +324,34 @@ class Scheduler(Service):
     # --- lifecycle ----------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start firing jobs on the running event loop; returns at once."""
+        """Probe the backend, then start firing jobs on the running event loop.
+
+        Raises :class:`~multilock.errors.BackendUnavailable` (one line: why) when the
+        backend does not answer, at once or, with ``wait_for_backend``, once that has
+        passed; each failed attempt is logged once.
+        """
         if self._loop is not None:
             raise RuntimeError("this Scheduler is already running")
         self._loop = asyncio.get_running_loop()
         self._stopping = False
+        try:
+            await self._await_backend()
+        except BaseException:
+            for probe in list(self._probes):  # one still waiting: nobody will read it
+                probe.cancel()
+                await wait_quietly(probe)
+            self._loop = None
+            await self._reset_locker()
+            raise
         self._queue.clear()
         for state in list(self._states.values()):
             self._install(state)
         if self._leadership is not None:
             leading = self._leadership.run()
             self._tasks.append(asyncio.create_task(leading, name="multilock-leader"))
+        if self.probe_interval is not None:
+            probing = self._probe_periodically(self.clock.now(), self.probe_interval)
+            self._tasks.append(asyncio.create_task(probing, name="multilock-probe"))
         log.info(
             "scheduler started: %d jobs, replica %s, lock %s, coordination %s",
             len(self._states),
@@ -310,9 +368,9 @@ class Scheduler(Service):
             return
         self._stopping = True
         self._disarm()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._probes]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._probes]:
             await wait_quietly(task)
         self._tasks.clear()
         if self._active or self._runs:
@@ -330,13 +388,128 @@ class Scheduler(Service):
             await self._release(lease)
         if self._leadership is not None:
             await self._leadership.release()
+        if self._pool is not None:  # a stuck sync job's thread is abandoned (warned above)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self._workers_busy = None, 0
+        await self._reset_locker()
+        self._loop = None
+        self._reachable = (False, "the scheduler has stopped")
+        log.info("scheduler stopped", extra={"replica_id": self.replica_id})
+
+    async def _reset_locker(self) -> None:
         if self._locker is not self._source:  # made here: ours to close
             await self._locker.aclose()
             self._locker = self._make_locker()  # connects lazily, if started again
             if self._leadership is not None:
                 self._leadership.locker = self._locker
-        self._loop = None
-        log.info("scheduler stopped", extra={"replica_id": self.replica_id})
+
+    # --- the backend's health -----------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """``(True, "ready")`` when the scheduler runs and its backend answered the last
+        probe (or lock round trip); else ``False`` and why. Safe from any thread."""
+        if self._loop is None:
+            return False, "the scheduler is not running"
+        return self._reachable
+
+    def liveness(self, timeout: float = 1.0) -> tuple[bool, str]:
+        """``(True, "alive")`` when the scheduler runs and its event loop runs a callback
+        within ``timeout`` seconds; else ``False`` and why. Call it from another thread
+        (an HTTP server's): on the loop's own thread it answers at once."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False, "the scheduler is not running"
+        try:
+            if asyncio.get_running_loop() is loop:
+                return True, "alive"
+        except RuntimeError:
+            pass  # not on a loop: the usual case
+        answered = threading.Event()
+        try:
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # closed meanwhile
+            return False, "the scheduler is not running"
+        if not answered.wait(timeout):
+            return False, f"the scheduler's event loop did not answer within {timeout:g}s"
+        return True, "alive"
+
+    async def _await_backend(self) -> None:
+        """Probe until the backend answers; give up (raise) once ``wait_for_backend`` is
+        spent, logging each failed attempt once."""
+        began = self.clock.now()
+        pause, attempt = _BACKOFF_FIRST, 0
+        while True:
+            attempt += 1
+            problem = await self._probe()
+            if problem is None:
+                if attempt > 1:
+                    log.info("backend answered at attempt %d", attempt)
+                return
+            waited = self.clock.now() - began
+            left = self.wait_for_backend - waited
+            if left <= 0:
+                after = f" after {attempt} attempts in {waited:.1f}s" if attempt > 1 else ""
+                raise BackendUnavailable(f"the scheduler cannot start{after}: {problem}")
+            pause = min(pause, left)
+            log.warning(
+                "backend unreachable at start (attempt %d, next in %.1fs, %.1fs left): %s",
+                attempt,
+                pause,
+                left,
+                problem,
+            )
+            await self.clock.sleep_until(self.clock.now() + pause)
+            pause = min(pause * 2, _BACKOFF_MAX)
+
+    async def _probe_periodically(self, since: float, interval: float) -> None:
+        next_probe = since + interval
+        while True:
+            await self.clock.sleep_until(next_probe)
+            next_probe = max(next_probe + interval, self.clock.now())
+            problem = await self._probe()
+            if problem is not None and self._unanswered(problem, "probes failed"):
+                log.warning("backend unreachable: %s", problem)
+
+    async def _probe(self) -> str | None:
+        """Ask the backend for the probe lock: ``None`` when it answered (a lease, at
+        once released, or "held elsewhere"), else why not. A probe still waiting after
+        ``_PROBE_TIMEOUT`` is left to finish (and release) on its own, and no other
+        starts while it waits."""
+        if self._probes:
+            return f"{self._locker.url}: still no answer to the previous probe"
+        probe = asyncio.ensure_future(self._ask_backend())
+        self._probes.add(probe)
+        probe.add_done_callback(self._probes.discard)
+        done, _ = await asyncio.wait({probe}, timeout=_PROBE_TIMEOUT)
+        if not done:
+            return f"{self._locker.url}: no answer within {_PROBE_TIMEOUT:g}s"
+        problem = probe.result()
+        if problem is None:
+            self._answered()
+        return problem
+
+    async def _ask_backend(self) -> str | None:
+        try:
+            lease = await self._locker.try_acquire(PROBE_NAME, ttl=self.lease_ttl)
+            if lease is not None:
+                await lease.release()
+        except Exception as exc:
+            if isinstance(exc, BackendUnavailable):
+                return masked_line(exc)
+            return masked_line(f"{self._locker.url}: {type(exc).__name__}: {exc}")
+        return None
+
+    def _answered(self) -> None:
+        """The backend answered (a probe, or a lock round trip)."""
+        self._reachable = (True, "ready")
+        if self._outage.current is not None:
+            self._outage.clear("backend reachable again")
+
+    def _unanswered(self, problem: str, what: str) -> bool:
+        """The backend did not answer (``problem``): ``True`` if this is the first report
+        of it (to be logged), else it is counted as one more ``what``."""
+        self._reachable = (False, f"backend unreachable: {problem}")
+        return self._outage.report(problem, what)
 
     def use_lock(self, lock: str | AsyncDistributedLock | DistributedLock) -> None:
         """Replace the lock (a URL or a locker) before the scheduler starts.
@@ -561,13 +734,31 @@ class Scheduler(Service):
         self._launch(self._granted(shared, leases))
 
     def _lock_failed(self, shared: list[_Due], exc: BaseException) -> None:
-        # The backend could not be asked: these ticks fail, the scheduler goes on.
+        """The locks of ``shared`` could not be taken: the scheduler goes on. An
+        unreachable backend misses the ticks (one WARNING line for the first, then
+        counts); anything else fails them (bad input without a traceback)."""
+        if isinstance(exc, BackendUnavailable):
+            problem = masked_line(exc)
+            for due in shared:
+                due.state.settle()
+                first = self._unanswered(problem, "ticks missed")
+                reason = f"backend unavailable: {problem}"
+                self._emit(
+                    EventKind.MISSED, due.job, due.fire, error=exc, reason=reason, logged=first
+                )
+            return
+        if isinstance(exc, ConfigurationError):
+            reason = f"lock refused: {masked_line(exc)}"  # bad input: the reason, no traceback
+        else:
+            reason = "lock call failed"  # a backend's bug: its traceback follows
         for due in shared:
             due.state.settle()
-            self._emit(EventKind.FAILED, due.job, due.fire, error=exc, reason="lock unavailable")
+            self._emit(EventKind.FAILED, due.job, due.fire, error=exc, reason=reason)
 
     def _granted(self, shared: list[_Due], leases: Mapping[str, AsyncLease | None]) -> list[_Start]:
         """The runs to start, of the jobs ``shared`` whose lease is in ``leases``."""
+        if self._outage.current is not None:
+            self._answered()
         runs: list[_Start] = []
         for due in shared:
             lease = leases.get(due.job.name)
@@ -586,26 +777,58 @@ class Scheduler(Service):
         """Start the bodies of ``runs``, then watch them (:class:`~multilock._runs.Run`):
         every body is queued on the loop before any run's bookkeeping, so the last of
         many jobs due at one instant does not wait for every other job's."""
-        begun = []
+        begun: list[tuple[RunContext, asyncio.Future[Any], float | None, _Starting | None]] = []
         report = wanted(EventKind.STARTED, self._listeners)  # asked once, not per run
+        loop = asyncio.get_running_loop()
         for due, _, _, token in runs:
             run = RunContext(due.job.name, due.fire, self.replica_id, token)
-            started = self.clock.now()
+            if not due.job.is_async:  # started (and reported) when a worker thread runs it
+                cell = _Starting(loop, self.clock)
+                begun.append((run, self._submit(due, run, cell), None, cell))
+                continue
+            now = self.clock.now()
             if report:
-                delay = started - due.fire.timestamp()
-                self._emit(EventKind.STARTED, due.job, due.fire, delay=delay)
-            begun.append((run, begin(due.job, run), started))
+                self._emit(EventKind.STARTED, due.job, due.fire, delay=now - due.fire.timestamp())
+            begun.append((run, begin(due.job, run), now, None))
         extend = needs_keep_alive(self._locker)
-        loop = asyncio.get_running_loop()
-        for (due, lease, lost, _), (run, body, started) in zip(runs, begun, strict=True):
+        for (due, lease, lost, _), (run, body, started, starting) in zip(runs, begun, strict=True):
             keepalive = (
-                keep_alive(self._locker, lease, self.lease_ttl, self.clock)
+                keep_alive(self._locker, lease, self.lease_ttl, self.clock, self._unanswered)
                 if extend and lease is not None
                 else None
             )
             watched = Run(self, due.job, due.fire, due.state, lease, lost, run, body, started, loop)
             self._active.add(watched)
+            if starting is not None:
+                starting.run = watched
             watched.start(keepalive)
+
+    def _submit(self, due: _Due, run: RunContext, starting: _Starting) -> asyncio.Future[Any]:
+        """Start a sync job's body on the pool; a run that must wait for a free worker
+        thread is counted, and the first of a crowd logged."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="multilock-job")
+        self._workers_busy += 1
+        if self._workers_busy > self.max_workers:
+            if self._recorder is not None:
+                self._recorder.worker_wait(due.job.name)
+            if self._crowded.report("worker threads", "runs waited"):
+                log.warning(
+                    "job %s tick %s waits for a worker thread: all %d are busy (raise the"
+                    " scheduler's max_workers)",
+                    due.job.name,
+                    due.fire.isoformat(),
+                    self.max_workers,
+                    extra={"job": due.job.name, "replica_id": self.replica_id},
+                )
+        elif self._crowded.current is not None:
+            self._crowded.clear("worker threads free again")
+        body = begin(due.job, run, self._pool, starting)
+        body.add_done_callback(self._worker_free)
+        return body
+
+    def _worker_free(self, _: asyncio.Future[Any]) -> None:
+        self._workers_busy = max(0, self._workers_busy - 1)
 
     def _skip_held(self, due: _Due, reason: str) -> None:
         due.state.settle()
@@ -676,8 +899,9 @@ class Scheduler(Service):
                     self._held.difference_update(leases)
                     try:
                         await release_many(leases)
-                    except Exception:  # the backend is gone: leases end with it, or by ttl
-                        log.warning("releasing %d leases failed", len(leases), exc_info=True)
+                    except Exception as exc:  # the backend is gone: leases end with it, or by ttl
+                        lost = all(lease.lost.is_set() for lease in leases)
+                        self._release_failed(f"releasing {len(leases)} leases failed", exc, lost)
                 else:
                     for lease, _ in batch:
                         await self._release(lease)
@@ -699,15 +923,31 @@ class Scheduler(Service):
         self._held.discard(lease)
         try:
             await lease.release()
-        except Exception:  # the backend is gone: the lease ends with its session or ttl
-            _release_failed(lease)
+        except Exception as exc:  # the backend is gone: the lease ends with its session or ttl
+            what = f"releasing the lease on {lease.name} failed"
+            self._release_failed(what, exc, lease.lost.is_set())
 
     def _released(
         self, lease: AsyncLease, done: asyncio.Future[bool], then: Callable[[], object]
     ) -> None:
-        if done.exception() is not None:
-            _release_failed(lease, done.exception())
+        error = done.exception()
+        if error is not None:
+            what = f"releasing the lease on {lease.name} failed"
+            self._release_failed(what, error, lease.lost.is_set())
         then()
+
+    def _release_failed(self, what: str, error: BaseException, lost: bool) -> None:
+        """A release failed: the lease ends with its session or ttl. Expected of a lease
+        already reported lost (DEBUG); an unreachable backend is one problem, reported
+        once (no traceback); anything else is a bug."""
+        if lost:
+            log.debug("%s (the lease was lost): %s", what, masked_line(error))
+        elif isinstance(error, BackendUnavailable):
+            problem = masked_line(error)
+            if self._unanswered(problem, "releases failed"):
+                log.warning("%s: %s", what, problem)
+        else:
+            log.warning("%s", what, exc_info=error)
 
     def _emit(
         self,
@@ -719,18 +959,34 @@ class Scheduler(Service):
         delay: float | None = None,
         error: BaseException | None = None,
         reason: str | None = None,
+        logged: bool = True,
     ) -> None:
         if not wanted(kind, self._listeners):
             return  # nobody would see it: skip building the event (twice a run)
         event = JobEvent(kind, job.name, fire, self.replica_id, duration, delay, error, reason)
-        emit(event, self._listeners)
+        emit(event, self._listeners, logged=logged)
+
+
+class _Starting:
+    """A sync job's run until its body starts on a worker thread: called there as it
+    starts, it tells the run on the loop (its lateness and timeout count from then)."""
+
+    __slots__ = ("clock", "loop", "run")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock) -> None:
+        self.loop, self.clock = loop, clock
+        self.run: Run | None = None  # set on the loop before any callback of it runs
+
+    def __call__(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._started, self.clock.now())
+        except RuntimeError:  # the loop is closed: the scheduler is gone, nobody to tell
+            pass
+
+    def _started(self, at: float) -> None:
+        if self.run is not None:
+            self.run.body_started(at)
 
 
 def _leases_of(granted: dict[str, AsyncLeaseBase | None]) -> list[AsyncLeaseBase | None]:
     return list(granted.values())
-
-
-def _release_failed(lease: AsyncLease, error: BaseException | None = None) -> None:
-    # The backend is gone: the lease ends with its session or ttl.
-    exc_info = error if error is not None else True
-    log.warning("releasing the lease on %s failed", lease.name, exc_info=exc_info)

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
 from ._durations import parse_duration
+from ._masking import MASK, SCHEME, is_secret_option, mask_text, mask_url, split_userinfo
 from .errors import ConfigurationError, InvalidOption, InvalidURL
 
 __all__ = [
@@ -23,30 +24,9 @@ __all__ = [
     "quote_name",
 ]
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_MASK = "***"
-
-
-def mask_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***``; never raises."""
-    match = _SCHEME.match(url)
-    if not match:
-        # Not a URL we can parse: hide anything that looks like user:secret@.
-        return re.sub(r"(?<=:)[^:/@\s]*(?=@)", _MASK, url)
-    rest = url[match.end() :]
-    netloc_end = len(rest)
-    for sep in "/?#":
-        pos = rest.find(sep)
-        if pos != -1:
-            netloc_end = min(netloc_end, pos)
-    netloc, tail = rest[:netloc_end], rest[netloc_end:]
-    if "@" in netloc:
-        userinfo, hosts = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":" + _MASK
-        netloc = f"{userinfo}@{hosts}"
-    tail = re.sub(r"(?i)([?&](?:password|passwd|pass)=)[^&#]*", r"\1" + _MASK, tail)
-    return f"{match.group(0)}{netloc}{tail}"
+# Characters a URL never holds unencoded: whitespace and control characters. Refused,
+# so that a URL in free text always ends at whitespace (see _masking.mask_text).
+_UNENCODED = re.compile(r"[\s\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, repr=False)
@@ -78,16 +58,37 @@ class LockURL:
         return self.hosts[0][1] if self.hosts else None
 
     @property
+    def address(self) -> str:
+        """What follows the userinfo, up to the query, as given: the hosts with their
+        ports and the path (for a client library that parses URLs itself, rebuilt
+        with the userinfo percent-encoded)."""
+        _, rest = split_userinfo(self.raw.partition("://")[2])
+        return rest.partition("#")[0].partition("?")[0]
+
+    @property
     def masked(self) -> str:
         """The URL as given, with the password replaced by ``***``."""
         return mask_url(self.raw)
 
     def redact(self, text: str) -> str:
-        """``text`` (a driver's error message, say) with this URL's password hidden."""
-        text = mask_url(text) if "://" in text else text
-        if self.password:
-            text = text.replace(self.password, _MASK)
+        """``text`` (a driver's error message, say) with every URL in it masked and this
+        URL's password and secret options hidden, as given and as decoded."""
+        text = mask_text(text)
+        for secret in self._secrets():
+            text = text.replace(secret, MASK)
         return text
+
+    def _secrets(self) -> list[str]:
+        """The secret strings of this URL, longest first (so a part never shows)."""
+        found = {self.password} if self.password else set()
+        for name, value in self.options.items():
+            if is_secret_option(name) and isinstance(value, str) and value:
+                found.add(value)
+        forms = found | {quote(secret, safe="") for secret in found}
+        userinfo, _ = split_userinfo(self.raw.partition("://")[2])
+        if userinfo is not None and ":" in userinfo:
+            forms.add(userinfo.partition(":")[2])  # as typed: maybe percent-encoded
+        return sorted(forms, key=len, reverse=True)
 
     def __str__(self) -> str:
         return self.masked
@@ -100,51 +101,60 @@ class LockURL:
         """Parse ``url``; keyword ``options`` override query parameters."""
         if not isinstance(url, str):
             raise InvalidURL(f"a lock URL must be a string, not {type(url).__name__}")
-        match = _SCHEME.match(url)
+        match = SCHEME.match(url)
         if not match:
             raise InvalidURL(
-                f"invalid lock URL {mask_url(url)!r}: expected scheme://..., "
+                "invalid lock URL: expected scheme://..., "
                 "e.g. postgresql://user@host/db, redis://host:6379/0, file:///var/lock/app"
             )
-        scheme = match.group(1).lower()
-        rest = url[match.end() :]
+        # A URL that does not parse is never shown, even masked: where its parts begin
+        # and end is what is wrong with it, so a password could show through.
+        scheme = match.group(0)[:-3].lower()
+        if _UNENCODED.search(url):
+            raise InvalidURL(
+                f"invalid {scheme}:// URL: it holds a space or control character;"
+                " percent-encode it (a space is %20)"
+            )
+        userinfo, rest = split_userinfo(url[match.end() :])
         rest, _, _fragment = rest.partition("#")
         rest, _, query = rest.partition("?")
         netloc, slash, path = rest.partition("/")
         path = slash + path
         username = password = None
-        if "@" in netloc:
-            userinfo, netloc = netloc.rsplit("@", 1)
+        if userinfo is not None:
             user, colon, secret = userinfo.partition(":")
             username = unquote(user) or None
             password = unquote(secret) if colon else None
-        hosts = tuple(_parse_host(part, url) for part in netloc.split(",") if part)
+        hosts = tuple(_parse_host(part, scheme) for part in netloc.split(",") if part)
         merged: dict[str, Any] = {}
         if query:
             try:
                 pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
             except ValueError:
-                raise InvalidURL(f"invalid query string in lock URL {mask_url(url)!r}") from None
+                raise InvalidURL(f"invalid query string in a {scheme}:// URL") from None
             for key, value in pairs:
                 if key in merged:
-                    raise InvalidOption(f"option {key!r} is given twice in {mask_url(url)!r}")
+                    raise InvalidOption(f"option {key!r} is given twice in a {scheme}:// URL")
                 merged[key] = value
         merged.update(options)
         return cls(scheme, username, password, hosts, unquote(path), merged, url)
 
 
-def _parse_host(part: str, url: str) -> tuple[str, int | None]:
+def _parse_host(part: str, scheme: str) -> tuple[str, int | None]:
     if part.startswith("["):  # [ipv6]:port
         host, bracket, port_text = part[1:].partition("]")
         if not bracket:
-            raise InvalidURL(f"unclosed '[' in host of {mask_url(url)!r}")
+            raise InvalidURL(f"unclosed '[' in a host of a {scheme}:// URL")
         port_text = port_text.removeprefix(":")
     else:
         host, _, port_text = part.partition(":")
     if not port_text:
         return unquote(host), None
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise InvalidURL(f"invalid port {port_text!r} in {mask_url(url)!r}")
+        raise InvalidURL(
+            f"invalid port after host {unquote(host)!r} in a {scheme}:// URL:"
+            " expected a number from 1 to 65535"
+        )
     return unquote(host), int(port_text)
 
 
@@ -213,8 +223,9 @@ class OptionParser:
                 try:
                     values[name] = self.known[name](raw)
                 except ConfigurationError as exc:
+                    why = "not shown: a secret" if is_secret_option(name) else exc
                     raise InvalidOption(
-                        f"invalid value for option {name!r} of {url.scheme}:// URL: {exc}"
+                        f"invalid value for option {name!r} of {url.scheme}:// URL: {why}"
                     ) from None
             elif name in self.passthrough:
                 extra[name] = str(raw)

@@ -9,6 +9,7 @@ are optional but carry the subtle parts of the contract (see ``_base``).
 from __future__ import annotations
 
 from ._base import (
+    MAX_NAME_BYTES,
     AsyncLeaseBase,
     AsyncLockerBase,
     LeaseBase,
@@ -27,6 +28,7 @@ from .abc import Backend, Capability, ConformanceHooks
 __all__ = [
     "ENTRY_POINT_GROUP",
     "MAX_DURATION",
+    "MAX_NAME_BYTES",
     "AsyncLeaseBase",
     "AsyncLockerBase",
     "Backend",

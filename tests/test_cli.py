@@ -569,4 +569,5 @@ def test_a_failing_replica_is_one_line(tmp_path: Path) -> None:
         process.kill()
     done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
     line = one_line_error(done, 1)
-    assert "failed: BackendUnavailable: cannot open lock file" in line
+    assert "failed: BackendUnavailable: lock directory" in line
+    assert "cannot be opened: Not a directory" in line

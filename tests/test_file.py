@@ -152,7 +152,7 @@ def test_a_file_in_the_way_is_backend_unavailable(tmp_path: Path) -> None:
     blocker.write_text("")
     with connect(blocker / "locks") as locker, pytest.raises(BackendUnavailable) as info:
         locker.try_acquire("job")
-    assert "cannot open lock file" in str(info.value)
+    assert "cannot be opened" in str(info.value)
     assert str(blocker) in str(info.value)
     assert "Not a directory" in str(info.value)
 
@@ -160,7 +160,7 @@ def test_a_file_in_the_way_is_backend_unavailable(tmp_path: Path) -> None:
 def test_proc_directory_is_backend_unavailable() -> None:
     with (
         multilock.connect("file:///proc/multilock-unreachable") as locker,
-        pytest.raises(BackendUnavailable, match="cannot open lock file"),
+        pytest.raises(BackendUnavailable, match="cannot make lock directory"),
     ):
         locker.try_acquire("job")
 

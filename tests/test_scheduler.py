@@ -563,7 +563,7 @@ def test_jobs_due_together_are_locked_in_one_batch() -> None:
     assert locker.batches == [[f"job-{i}" for i in range(5)]]
 
 
-def test_an_unreachable_backend_fails_the_tick_not_the_scheduler() -> None:
+def test_an_unreachable_backend_misses_the_tick_not_the_scheduler() -> None:
     url, clock, events = namespace(), manual(), Events()
     locker = CountingLocker(url)
 
@@ -582,9 +582,11 @@ def test_an_unreachable_backend_fails_the_tick_not_the_scheduler() -> None:
             await settle()
 
     asyncio.run(scenario())
-    (failed,) = events.of(EventKind.FAILED)
-    assert failed.fire_time == at(10)
-    assert isinstance(failed.error, BackendUnavailable)
+    (missed,) = events.of(EventKind.MISSED)
+    assert missed.fire_time == at(10)
+    assert isinstance(missed.error, BackendUnavailable)
+    assert missed.reason == "backend unavailable: connection refused"
+    assert events.of(EventKind.FAILED) == []
     assert events.fires(EventKind.SUCCEEDED) == [20]
 
 

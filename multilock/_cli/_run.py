@@ -3,62 +3,21 @@
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import sys
 import traceback
-from datetime import UTC, datetime
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import click
 
+from .._durations import parse_duration
 from .._scheduler import Scheduler
-from .._url import mask_url
-from ..errors import ConfigurationError
-from ._app import cli, handle_errors
-
-# Attributes every LogRecord has; anything else on a record is a structured field.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-
-def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields a caller attached to ``record`` (``extra=...``)."""
-    return {
-        key: value
-        for key, value in vars(record).items()
-        if key not in _STANDARD and not key.startswith("_")
-    }
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and the structured fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """Render ``record`` as JSON; values that are not JSON become strings."""
-        data: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": mask_url(record.getMessage()),
-        }
-        data.update(_fields(record))
-        if record.exc_info:
-            data["traceback"] = self.formatException(record.exc_info)
-        return json.dumps(data, default=str)
-
-
-class TextFormatter(logging.Formatter):
-    """Readable lines, with the structured fields appended as ``key=value``."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        """The classic line plus the record's extra fields."""
-        line = mask_url(super().format(record))
-        extra = [f"{k}={v}" for k, v in _fields(record).items()]
-        return f"{line} [{' '.join(extra)}]" if extra else line
+from ..errors import BackendUnavailable, ConfigurationError
+from ._app import EXIT_FAILURE, cli, handle_errors
+from ._http import Endpoints, serve
+from ._logs import configure_logging
 
 
 def load_scheduler(target: str) -> Scheduler:
@@ -96,31 +55,54 @@ def _where(exc: Exception) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
-def _configure_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
-def _serve_metrics(port: int) -> None:
-    try:
-        import prometheus_client
-    except ImportError:
-        raise ConfigurationError(
-            "--metrics-port needs prometheus-client: pip install 'multilock[metrics]'"
-        ) from None
-    try:
-        prometheus_client.start_http_server(port)
-    except OSError as exc:
-        raise ConfigurationError(f"cannot serve metrics on port {port}: {exc.strerror}") from None
+def _serve_endpoints(
+    scheduler: Scheduler,
+    metrics: tuple[str, int] | None,
+    health: tuple[str, int] | None,
+) -> list[WSGIServer]:
+    """Serve /metrics and /healthz + /readyz: on one server when given the same address."""
+    servers = []
+    if metrics is not None:
+        endpoints = Endpoints(scheduler)
+        endpoints.add_metrics()
+        if health == metrics:
+            endpoints.add_health()
+        servers.append(serve(endpoints, *metrics, "metrics"))
+    if health is not None and health != metrics:
+        endpoints = Endpoints(scheduler)
+        endpoints.add_health()
+        servers.append(serve(endpoints, *health, "health checks"))
+    return servers
 
 
 @cli.command()
 @click.argument("target", metavar="MODULE:ATTR")
-@click.option("--lock", "lock_url", default=None, help="lock URL, instead of the scheduler's own")
+@click.option(
+    "--lock",
+    "lock_url",
+    envvar="MULTILOCK_LOCK_URL",
+    default=None,
+    help="lock URL, instead of the scheduler's own (or $MULTILOCK_LOCK_URL: out of `ps`)",
+)
+@click.option(
+    "--wait-for-backend",
+    metavar="DURATION",
+    default=None,
+    help="retry an unreachable backend at start for this long (e.g. 2m) instead of exiting",
+)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="serve /metrics")
+@click.option(
+    "--metrics-addr", default="127.0.0.1", show_default=True, help="address of --metrics-port"
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="serve /healthz and /readyz (may be the metrics port)",
+)
+@click.option(
+    "--health-addr", default="127.0.0.1", show_default=True, help="address of --health-port"
+)
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
@@ -132,17 +114,39 @@ def _serve_metrics(port: int) -> None:
 )
 @handle_errors
 def run(
-    target: str, lock_url: str | None, metrics_port: int | None, log_format: str, log_level: str
+    target: str,
+    lock_url: str | None,
+    wait_for_backend: str | None,
+    metrics_port: int | None,
+    metrics_addr: str,
+    health_port: int | None,
+    health_addr: str,
+    log_format: str,
+    log_level: str,
 ) -> None:
     """Run the Scheduler at MODULE:ATTR until SIGTERM or SIGINT.
 
-    On a signal no new runs start; running jobs finish or time out (the
-    scheduler's stop timeout) and every lease is released before exit.
+    It starts once its backend answers a probe: at once, else it exits 1 with one
+    line saying why (or retries for --wait-for-backend). On a signal no new runs
+    start; running jobs finish or time out (the scheduler's stop timeout) and every
+    lease is released before exit.
     """
-    _configure_logging(log_format, log_level)
+    configure_logging(log_format, log_level)
     scheduler = load_scheduler(target)
     if lock_url is not None:
         scheduler.use_lock(lock_url)
-    if metrics_port is not None:
-        _serve_metrics(metrics_port)
-    scheduler.run()
+    if wait_for_backend is not None:
+        scheduler.wait_for_backend = parse_duration(wait_for_backend, what="--wait-for-backend")
+    metrics = None if metrics_port is None else (metrics_addr, metrics_port)
+    health = None if health_port is None else (health_addr, health_port)
+    servers = _serve_endpoints(scheduler, metrics, health)
+    try:
+        scheduler.run()
+    except BackendUnavailable as exc:
+        # One line, in the log's own format (JSON lines stay JSON): the scheduler's.
+        logging.getLogger("multilock.scheduler").error("%s", exc)
+        sys.exit(EXIT_FAILURE)
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()

@@ -14,6 +14,7 @@ import os
 import select
 import selectors
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -472,28 +473,52 @@ def shut_down(fd: int) -> None:
 
 
 class KeyCache:
-    """Advisory keys of the names seen, and names of the keys seen, both bounded.
+    """Advisory keys of the names seen, and names of the keys seen, both bounded: at
+    most ``size`` names and ``size_bytes`` bytes of them (long names are allowed, and
+    sixty 1 MiB names must not pin 60 MiB).
 
     Hashing a name costs more than a dict hit on the hot path, and ``locks()``
     can only name a key it has seen hashed: advisory keys are one-way.
     """
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, size_bytes: int = 4 * 1024 * 1024) -> None:
         self._size = size
+        self._size_bytes = size_bytes
+        self._bytes = 0
+        self._guard = threading.Lock()
         self._keys: dict[str, int] = {}
         self._names: dict[int, str] = {}
 
     def key(self, name: str) -> int:
         """The advisory key of ``name``."""
-        key = self._keys.get(name)
+        key = self._keys.get(name)  # the hot path: a hit takes no lock
         if key is None:
             key = advisory_key(name)
-            if len(self._keys) >= self._size:
-                # Oldest first; another thread may have evicted it already.
-                self._names.pop(self._keys.pop(next(iter(self._keys)), 0), None)
-            self._keys[name] = key
-            self._names[key] = name
+            cost = sys.getsizeof(name)
+            if cost > self._size_bytes:
+                return key  # never kept: it would evict everything else
+            with self._guard:  # a sync locker is used from many threads
+                if name not in self._keys:
+                    while self._keys and (
+                        len(self._keys) >= self._size or self._bytes + cost > self._size_bytes
+                    ):
+                        self._evict()
+                    self._keys[name] = key
+                    self._names[key] = name
+                    self._bytes += cost
         return key
+
+    def _evict(self) -> None:
+        oldest = next(iter(self._keys))  # oldest first
+        key = self._keys.pop(oldest)
+        self._bytes -= sys.getsizeof(oldest)
+        if self._names.get(key) == oldest:
+            del self._names[key]
+
+    @property
+    def size_bytes(self) -> int:
+        """The bytes of the names kept now."""
+        return self._bytes
 
     def name(self, key: int) -> str | None:
         """The last name seen with ``key``, if still remembered."""

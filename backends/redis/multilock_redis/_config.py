@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import redis
 import redis.asyncio
@@ -110,8 +110,15 @@ def parse_config(url: LockURL) -> RedisConfig:
     if scheme != "unix" and url.path.strip("/") and not url.path.strip("/").isdigit():
         raise InvalidURL(f"invalid Redis URL {url.masked!r}: the path is the db number, like /0")
     tls = _tls(url, scheme, values, passthrough)
-    rest = url.raw.split("://", 1)[1].split("#", 1)[0].split("?", 1)[0]
-    client_url = f"{scheme}://{rest}"
+    # Rebuilt from the parsed URL: redis-py's own parser would cut a password at an
+    # unencoded '#', '?' or '/', and then show the rest of it in its errors.
+    auth = ""
+    if url.username is not None or url.password is not None:
+        auth = quote(url.username or "", safe="")
+        if url.password is not None:
+            auth += ":" + quote(url.password, safe="")
+        auth += "@"
+    client_url = f"{scheme}://{auth}{url.address}"
     if passthrough:
         client_url += "?" + urlencode(passthrough)
     config = RedisConfig(

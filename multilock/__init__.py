@@ -19,14 +19,14 @@ Backend authors find their kit in :mod:`multilock.backend`, the contract in
 from __future__ import annotations
 
 from . import errors
-from ._clock import Clock, ManualClock, SystemClock
-from ._events import EventKind, JobEvent
-from ._jobs import Job, RunContext, current_run
-from ._keys import advisory_key
-from ._registry import connect, connect_async, installed_schemes, register_backend
-from ._scheduler import Scheduler
+from ._locks.keys import advisory_key
+from ._locks.registry import connect, connect_async, installed_schemes, register_backend
+from ._scheduling.clock import Clock, ManualClock, SystemClock
+from ._scheduling.events import EventKind, JobEvent
+from ._scheduling.jobs import Job, RunContext, current_run
+from ._scheduling.scheduler import Scheduler
+from ._scheduling.triggers import Trigger, cron, daily, every, monthly, once, weekly
 from ._signal import LostSignal
-from ._triggers import Trigger, cron, daily, every, monthly, once, weekly
 from .abc import AsyncDistributedLock, AsyncLease, Capability, DistributedLock, Lease
 
 __all__ = [

@@ -3,24 +3,23 @@
 A backend is any object with ``connect(url)`` and ``connect_async(url)``
 (:class:`multilock.abc.Backend`), published under the entry-point group
 ``multilock.backends`` with the URL scheme as its name. The base classes here
-are optional but carry the subtle parts of the contract (see ``_base``).
+are optional but carry the subtle parts of the contract (see ``multilock._locks.base``).
 """
 
 from __future__ import annotations
 
-from ._base import (
+from ._durations import MAX_DURATION, Duration, parse_duration
+from ._locks.base import (
     MAX_NAME_BYTES,
     AsyncLeaseBase,
     AsyncLockerBase,
     LeaseBase,
     LockerBase,
     LockInfo,
-    Outcome,
-    finish_shielded,
     new_token,
 )
-from ._durations import MAX_DURATION, Duration, parse_duration
-from ._registry import ENTRY_POINT_GROUP
+from ._locks.outcome import Outcome, finish_shielded
+from ._locks.registry import ENTRY_POINT_GROUP
 from ._signal import LostSignal
 from ._url import LockURL, OptionParser, as_bool, as_duration, as_int, as_str, mask_url, quote_name
 from .abc import Backend, Capability, ConformanceHooks

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import multilock
-from multilock._file import FileLocker, default_directory
+from multilock._locks.file import FileLocker, default_directory
 from multilock.errors import BackendUnavailable, InvalidOption, InvalidURL
 
 HOLDER = """

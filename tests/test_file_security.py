@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 import multilock
 from multilock._cli import _app, _locks  # noqa: F401  (_locks registers the command)
-from multilock._file import FileLocker, default_directory
+from multilock._locks.file import FileLocker, default_directory
 from multilock.errors import BackendUnavailable
 
 PRECIOUS = "the victim's own data\n"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from multilock._registry import backend_for
+from multilock._locks.registry import backend_for
 from multilock.backend import LockURL
 
 pytestmark = pytest.mark.slow

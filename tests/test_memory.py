@@ -10,7 +10,7 @@ import pytest
 
 import multilock
 from multilock import Capability
-from multilock._memory import MemoryLocker
+from multilock._locks.memory import MemoryLocker
 from multilock.errors import InvalidOption
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multilock._queue import FireQueue
+from multilock._scheduling.queue import FireQueue
 
 
 def test_items_come_out_by_time_then_in_the_order_put() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 import multilock
 from multilock import _registry
-from multilock._file import FileLocker
-from multilock._memory import AsyncMemoryLocker, MemoryBackend, MemoryLocker
+from multilock._locks.file import FileLocker
+from multilock._locks.memory import AsyncMemoryLocker, MemoryBackend, MemoryLocker
 from multilock.backend import ENTRY_POINT_GROUP, LockURL
 from multilock.errors import ConfigurationError, MissingBackend, UnknownScheme
 
@@ -41,8 +41,8 @@ def _entry_points_without(hidden: set[str], extra: list[EntryPoint]) -> Any:
 
 def test_core_schemes_come_from_entry_points() -> None:
     names = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    assert names["memory"] == "multilock._memory:backend"
-    assert names["file"] == "multilock._file:backend"
+    assert names["memory"] == "multilock._locks.memory:backend"
+    assert names["file"] == "multilock._locks.file:backend"
     assert {"file", "memory"} <= set(multilock.installed_schemes())
 
 

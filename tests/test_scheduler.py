@@ -18,12 +18,12 @@ from typing import Any, cast
 import pytest
 
 import multilock
-import multilock._scheduler
+import multilock._scheduling.scheduler
 from multilock import EventKind, JobEvent, ManualClock, Scheduler, current_run, every
-from multilock._jobs import Overlap
-from multilock._memory import AsyncMemoryLocker
-from multilock._runs import Run
-from multilock._scheduler import _JobState
+from multilock._locks.memory import AsyncMemoryLocker
+from multilock._scheduling.jobs import Overlap
+from multilock._scheduling.runs import Run
+from multilock._scheduling.scheduler import _JobState
 from multilock.abc import AsyncLease
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, ConfigurationError
@@ -378,7 +378,7 @@ def test_registration_refuses_duplicates_and_colliding_keys(
     with pytest.raises(ConfigurationError, match="a job named 'a' is already registered"):
         sched.add_job(nothing, every(minutes=1), name="a")
     # FNV-1a 64 collisions are too rare to find here: make every name collide.
-    monkeypatch.setattr(multilock._scheduler, "advisory_key", lambda name: 42)
+    monkeypatch.setattr(multilock._scheduling.scheduler, "advisory_key", lambda name: 42)
     other = Scheduler(namespace(), clock=manual(), metrics=False)
     other.add_job(nothing, every(minutes=1), name="first")
     with pytest.raises(ConfigurationError, match="'second' and 'first' have the same advisory key"):

@@ -21,7 +21,8 @@ import pytest
 import multilock
 from multilock import EventKind, JobEvent, ManualClock, Scheduler, every, once
 from multilock._cli._http import Endpoints, serve
-from multilock._memory import AsyncMemoryLocker
+from multilock._locks.memory import AsyncMemoryLocker
+from multilock._scheduling.scheduler import PROBE_NAME
 from multilock.abc import AsyncLease
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
@@ -56,7 +57,7 @@ class Switchable:
             raise BackendUnavailable(REFUSED)
 
     async def try_acquire(self, name: str, *, ttl: Any = None) -> AsyncLease | None:
-        self.probes += name == multilock._scheduler.PROBE_NAME
+        self.probes += name == PROBE_NAME
         self._check()
         return await self.inner.try_acquire(name, ttl=ttl)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from multilock import ManualClock
-from multilock._clock import SharedTimers
+from multilock._scheduling.clock import SharedTimers
 
 
 async def _turns(rounds: int = 20) -> None:

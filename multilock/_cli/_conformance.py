@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .._registry import connect
+from .._locks.registry import connect
 from .._url import mask_url
 from ._app import EXIT_BAD_INPUT, EXIT_FAILURE, cli, fail, handle_errors
 

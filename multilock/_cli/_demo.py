@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .._registry import connect
+from .._locks.registry import connect
 from .._url import mask_url
 from ._app import EXIT_FAILURE, cli, fail, handle_errors
 

@@ -14,7 +14,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from .._scheduler import Scheduler
+from .._scheduling.scheduler import Scheduler
 from ..errors import ConfigurationError
 
 __all__ = ["Endpoints", "serve"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .._keys import advisory_key
+from .._locks.keys import advisory_key
 from ._app import cli
 
 

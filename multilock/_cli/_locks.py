@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .._keys import advisory_key
-from .._registry import connect
+from .._locks.keys import advisory_key
+from .._locks.registry import connect
 from ..abc import Capability, LockInfo
 from ._app import EXIT_FAILURE, cli, fail, handle_errors
 from ._run import load_scheduler

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import click
 
-from .._triggers import parse_cron
-from .._walltime import as_timezone
+from .._scheduling.triggers import parse_cron
+from .._scheduling.walltime import as_timezone
 from ..errors import ConfigurationError
 from ._app import cli, handle_errors
 

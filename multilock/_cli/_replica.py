@@ -18,11 +18,11 @@ import sys
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from .._clock import SystemClock
-from .._events import EventKind, JobEvent
-from .._registry import connect_async
-from .._scheduler import Scheduler
-from .._triggers import every
+from .._locks.registry import connect_async
+from .._scheduling.clock import SystemClock
+from .._scheduling.events import EventKind, JobEvent
+from .._scheduling.scheduler import Scheduler
+from .._scheduling.triggers import every
 from .._url import mask_url
 from ..errors import MultilockError
 

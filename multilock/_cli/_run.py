@@ -13,7 +13,7 @@ from wsgiref.simple_server import WSGIServer
 import click
 
 from .._durations import parse_duration
-from .._scheduler import Scheduler
+from .._scheduling.scheduler import Scheduler
 from ..errors import BackendUnavailable, ConfigurationError
 from ._app import EXIT_FAILURE, cli, handle_errors
 from ._http import Endpoints, serve

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import multilock
-from multilock._registry import backend_for
+from multilock._locks.registry import backend_for
 from multilock.abc import Capability, ConformanceHooks
 from multilock.backend import LockURL
 

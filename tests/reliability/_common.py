@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import multilock
-from multilock._registry import backend_for
+from multilock._locks.registry import backend_for
 from multilock.backend import LockURL
 from multilock.testing import apoll, poll
 

@@ -14,12 +14,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._base import AsyncLeaseBase, Outcome, check_name, undo_on_cancel
-from ._clock import Clock, SharedTimers, SystemClock, call_at
-from ._durations import Duration, parse_duration
-from ._events import EventKind, JobEvent, Listener, emit, log, wanted
-from ._file import default_directory
-from ._jobs import (
+from .._durations import Duration, parse_duration
+from .._locks.base import AsyncLeaseBase, check_name
+from .._locks.file import default_directory
+from .._locks.keys import advisory_key
+from .._locks.outcome import Outcome, undo_on_cancel
+from .._locks.registry import connect_async
+from .._locks.sync_adapter import AsyncView
+from .._masking import masked_line
+from .._signal import LostSignal
+from ..abc import AsyncDistributedLock, AsyncLease, DistributedLock
+from ..errors import BackendUnavailable, ConfigurationError
+from .clock import Clock, SharedTimers, SystemClock, call_at
+from .events import EventKind, JobEvent, Listener, emit, log, wanted
+from .jobs import (
     Job,
     JobDefaults,
     JobOptions,
@@ -28,21 +36,14 @@ from ._jobs import (
     make_job,
     validate_schedule,
 )
-from ._keys import advisory_key
-from ._leases import Leadership, keep_alive, needs_keep_alive
-from ._masking import masked_line
-from ._metrics import Recorder, metrics_listener
-from ._queue import FireQueue
-from ._registry import connect_async
-from ._repeats import Repeats
-from ._runs import Run, begin, wait_quietly
-from ._service import Service
-from ._signal import LostSignal
-from ._sync_adapter import AsyncView
-from ._triggers import Trigger
-from ._walltime import as_timezone
-from .abc import AsyncDistributedLock, AsyncLease, DistributedLock
-from .errors import BackendUnavailable, ConfigurationError
+from .leadership import Leadership, keep_alive, needs_keep_alive
+from .metrics import Recorder, metrics_listener
+from .queue import FireQueue
+from .repeats import Repeats
+from .runs import Run, begin, wait_quietly
+from .service import Service
+from .triggers import Trigger
+from .walltime import as_timezone
 
 __all__ = ["Scheduler"]
 
@@ -774,7 +775,7 @@ class Scheduler(Service):
         return runs
 
     def _launch(self, runs: list[_Start]) -> None:
-        """Start the bodies of ``runs``, then watch them (:class:`~multilock._runs.Run`):
+        """Start the bodies of ``runs``, then watch them (:class:`~multilock._scheduling.runs.Run`):
         every body is queued on the loop before any run's bookkeeping, so the last of
         many jobs due at one instant does not wait for every other job's."""
         begun: list[tuple[RunContext, asyncio.Future[Any], float | None, _Starting | None]] = []
@@ -845,7 +846,7 @@ class Scheduler(Service):
             log.error("scheduler bug in a run", exc_info=task.exception())
         self._check_quiet()
 
-    # --- what a Run asks of its scheduler (multilock._runs.Host) -------------------------
+    # --- what a Run asks of its scheduler (multilock._scheduling.runs.Host) ---------------
 
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """``fire + hold_span``, never past the next fire time: a replica firing this

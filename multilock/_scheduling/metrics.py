@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._events import EventKind, JobEvent, missed_cause
+from .events import EventKind, JobEvent, missed_cause
 
 __all__ = ["Recorder", "metrics_listener"]
 

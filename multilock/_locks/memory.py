@@ -12,18 +12,18 @@ import asyncio
 import threading
 from typing import Any, TypeVar
 
-from ._base import (
+from .._url import LockURL, OptionParser, as_duration
+from ..abc import Capability
+from .base import (
     AsyncLeaseBase,
     AsyncLockerBase,
     LeaseBase,
     LockerBase,
     LockInfo,
-    Outcome,
     _LeaseState,
     new_token,
 )
-from ._url import LockURL, OptionParser, as_duration
-from .abc import Capability
+from .outcome import Outcome
 
 T = TypeVar("T")
 

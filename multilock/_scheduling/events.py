@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from .errors import BackendUnavailable, ConfigurationError
+from ..errors import BackendUnavailable, ConfigurationError
 
 __all__ = ["EventKind", "JobEvent", "Listener", "emit", "missed_cause", "wanted"]
 

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from ._base import AsyncLeaseBase
-from ._durations import Duration
-from .abc import Capability, DistributedLock, Lease
+from .._durations import Duration
+from ..abc import Capability, DistributedLock, Lease
+from .base import AsyncLeaseBase
 
 __all__ = ["AsyncView"]
 

@@ -16,11 +16,11 @@ from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, Protocol
 
-from ._clock import Clock, SharedTimers, call_at
-from ._events import EventKind
-from ._jobs import Job, RunContext, start_run
-from ._signal import LostSignal
-from .abc import AsyncLease
+from .._signal import LostSignal
+from ..abc import AsyncLease
+from .clock import Clock, SharedTimers, call_at
+from .events import EventKind
+from .jobs import Job, RunContext, start_run
 
 __all__ = ["Host", "JobState", "Run", "begin", "wait_quietly"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from ._clock import Clock
+from .clock import Clock
 
 __all__ = ["Repeats"]
 

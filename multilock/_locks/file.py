@@ -25,10 +25,10 @@ from pathlib import Path
 from stat import S_IMODE, S_ISDIR, S_ISREG
 from urllib.parse import unquote
 
-from ._base import AsyncLeaseBase, AsyncLockerBase, LeaseBase, LockerBase, LockInfo, new_token
-from ._url import LockURL, OptionParser, as_duration, quote_name
-from .abc import Capability
-from .errors import BackendUnavailable, InvalidURL
+from .._url import LockURL, OptionParser, as_duration, quote_name
+from ..abc import Capability
+from ..errors import BackendUnavailable, InvalidURL
+from .base import AsyncLeaseBase, AsyncLockerBase, LeaseBase, LockerBase, LockInfo, new_token
 
 __all__ = ["AsyncFileLocker", "FileBackend", "FileLocker", "backend", "default_directory"]
 

@@ -7,9 +7,9 @@ import threading
 from importlib.metadata import entry_points
 from typing import Any
 
-from ._url import LockURL
-from .abc import AsyncDistributedLock, Backend, DistributedLock
-from .errors import ConfigurationError, MissingBackend, MultilockError, UnknownScheme
+from .._url import LockURL
+from ..abc import AsyncDistributedLock, Backend, DistributedLock
+from ..errors import ConfigurationError, MissingBackend, MultilockError, UnknownScheme
 
 __all__ = ["backend_for", "connect", "connect_async", "installed_schemes", "register_backend"]
 

@@ -6,10 +6,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ._clock import Clock
-from ._masking import masked_line
-from .abc import AsyncDistributedLock, AsyncLease, Capability
-from .errors import BackendUnavailable, LockLost
+from .._masking import masked_line
+from ..abc import AsyncDistributedLock, AsyncLease, Capability
+from ..errors import BackendUnavailable, LockLost
+from .clock import Clock
 
 __all__ = ["Leadership", "keep_alive", "needs_keep_alive"]
 

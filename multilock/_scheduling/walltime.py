@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 __all__ = ["as_timezone", "local_naive", "resolve_wall_time"]
 

@@ -3,7 +3,7 @@
 A trigger maps "the last instant considered" to the next fire time, as an
 aware UTC datetime, given the job's timezone and a seed (the job name, which
 makes jitter identical on every replica). Calendar triggers work in wall
-time and resolve it with the DST policy of :mod:`multilock._walltime`;
+time and resolve it with the DST policy of :mod:`multilock._scheduling.walltime`;
 :func:`every` works in absolute time and ignores DST.
 """
 
@@ -18,9 +18,9 @@ from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, croniter
 
-from ._durations import Duration, parse_duration
-from ._walltime import local_naive, resolve_wall_time
-from .errors import ConfigurationError
+from .._durations import Duration, parse_duration
+from ..errors import ConfigurationError
+from .walltime import local_naive, resolve_wall_time
 
 __all__ = ["Trigger", "cron", "daily", "every", "monthly", "once", "weekly"]
 

@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypedDict
 from zoneinfo import ZoneInfo
 
-from ._durations import Duration, parse_duration
-from ._triggers import Trigger
-from ._walltime import as_timezone
-from .errors import ConfigurationError
+from .._durations import Duration, parse_duration
+from ..errors import ConfigurationError
+from .triggers import Trigger
+from .walltime import as_timezone
 
 __all__ = ["Job", "JobDefaults", "JobOptions", "Overlap", "RunContext", "current_run", "make_job"]
 

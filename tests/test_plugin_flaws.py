@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from multilock import _registry
+from multilock._locks import registry as _registry
 
 pytest_plugins = ["pytester"]
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import multilock
-from multilock import _registry
+from multilock._locks import registry as _registry
 from multilock._locks.file import FileLocker
 from multilock._locks.memory import AsyncMemoryLocker, MemoryBackend, MemoryLocker
 from multilock.backend import ENTRY_POINT_GROUP, LockURL

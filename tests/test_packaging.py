@@ -51,3 +51,15 @@ def test_metadata_of_a_distribution(directory: Path) -> None:
     assert project["requires-python"] == _project(ROOT)["requires-python"]
     if directory != ROOT:  # a backend needs the core, which pip finds beside it or on an index
         assert any(dep.startswith("multilock>=") for dep in project["dependencies"])
+
+
+@pytest.mark.parametrize("directory", PROJECTS, ids=[p.name for p in PROJECTS])
+def test_the_version_is_written_once(directory: Path) -> None:
+    """pyproject.toml reads the version from the package's ``__version__`` (hatch's
+    version source): no second copy to forget at a release."""
+    with (directory / "pyproject.toml").open("rb") as file:
+        config = tomllib.load(file)
+    assert "version" not in config["project"]
+    assert config["project"]["dynamic"] == ["version"]
+    source = directory / config["tool"]["hatch"]["version"]["path"]
+    assert source.read_text().count("\n__version__ = ") == 1

@@ -19,3 +19,5 @@ __all__ = [
     "ZooKeeperLocker",
     "backend",
 ]
+
+__version__ = "0.1.0"

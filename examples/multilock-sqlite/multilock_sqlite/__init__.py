@@ -10,3 +10,5 @@ from __future__ import annotations
 from ._backend import AsyncSQLiteLocker, SQLiteBackend, SQLiteLocker, backend
 
 __all__ = ["AsyncSQLiteLocker", "SQLiteBackend", "SQLiteLocker", "backend"]
+
+__version__ = "0.1.0"

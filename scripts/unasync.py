@@ -66,6 +66,20 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "async_stop": "sync_stop",
         },
     ),
+    (
+        "backends/etcd/multilock_etcd/_async",
+        "backends/etcd/multilock_etcd/_sync",
+        {
+            "AsyncEtcdLease": "EtcdLease",
+            "AsyncEtcdLocker": "EtcdLocker",
+            "AsyncGateway": "Gateway",
+            "AsyncConnectionPool": "ConnectionPool",
+            "AsyncIterator": "Iterator",
+            "aiter_stream": "iter_stream",
+            "aread": "read",
+            "async_bounded": "sync_bounded",
+        },
+    ),
 ]
 
 

@@ -37,8 +37,8 @@ class EtcdConfig:
     """Everything a locker needs from its URL, checked once."""
 
     url: LockURL
-    endpoints: tuple[str, ...]
-    """``http://host:port`` (or ``https://``) of each member, in the URL's order."""
+    endpoints: tuple[tuple[str, int], ...]
+    """``(host, port)`` of each member, in the URL's order."""
     prefix: bytes
     """Every lock key starts with it; it ends with ``/``."""
     ttl: float
@@ -67,12 +67,8 @@ class EtcdConfig:
                 " (etcd://user:password@host:2379/prefix)"
             )
         context = _ssl_context(url, values)
-        scheme = "https" if context is not None else "http"
         hosts = url.hosts or (("127.0.0.1", None),)
-        endpoints = tuple(
-            f"{scheme}://{f'[{host}]' if ':' in host else host}:{port or DEFAULT_PORT}"
-            for host, port in hosts
-        )
+        endpoints = tuple((host, port or DEFAULT_PORT) for host, port in hosts)
         return cls(
             url=url,
             endpoints=endpoints,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ssl
 
-import httpcore
+import h11
 
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, MultilockError
+
+from ._streams import ConnectFailed
 
 __all__ = [
     "NOT_SENT",
@@ -16,14 +18,10 @@ __all__ = [
     "translate",
 ]
 
-TRANSPORT_ERRORS = (
-    httpcore.NetworkError,
-    httpcore.TimeoutException,
-    httpcore.ProtocolError,
-    OSError,
-)
-"""What a request may raise before etcd answers."""
-NOT_SENT = (httpcore.ConnectError, httpcore.ConnectTimeout, httpcore.PoolTimeout)
+TRANSPORT_ERRORS = (OSError, EOFError, h11.ProtocolError)
+"""What a request may raise before etcd answers (``TimeoutError`` and ``ssl.SSLError``
+are ``OSError``; a connection closed mid-answer is an ``EOFError``)."""
+NOT_SENT = (ConnectFailed,)
 """Failures after which the request surely was not applied (nothing reached etcd)."""
 
 # gRPC status codes etcd answers with.
@@ -70,8 +68,8 @@ def translate(exc: BaseException, url: LockURL, doing: str) -> MultilockError:
     tls = _tls_failure(exc)
     if tls is not None and tls not in detail:
         detail = f"{detail} ({tls})"
-    if isinstance(exc, httpcore.TimeoutException):
-        detail = f"no answer in time ({type(exc).__name__})"
+    if isinstance(exc, TimeoutError):
+        detail = "no answer in time"
     return BackendUnavailable(f"{where}: {detail}")
 
 

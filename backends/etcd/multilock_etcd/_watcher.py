@@ -7,11 +7,12 @@ locker's key prefix, for deletions only, and fires ``lost`` for a held key delet
 after it was created. Our own releases are deleted from the watch's view before they
 are sent, so they are not reported.
 
-The watch is a stream: it is reopened, from the revision after the last one seen,
-whenever it has been quiet for :data:`IDLE` seconds (so that the thread notices when
-there is nothing left to watch, and ends), and when a lock acquired before the
-stream's first revision comes to be held. Deletions already streamed are remembered,
-so that a lock registered just after its own deletion went by is not missed.
+The watch is a stream, opened once locks have been held for :data:`SETTLE` seconds and
+closed when none is: a lock released at once costs no watch. It is reopened, from the
+revision after the last one seen, whenever it has been quiet for :data:`IDLE` seconds,
+and when a lock acquired before the stream's first revision comes to be held.
+Deletions already streamed are remembered, so that a lock registered just after its own
+deletion went by is not missed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,12 @@ __all__ = ["IDLE", "Watcher"]
 _log = logging.getLogger("multilock.etcd")
 IDLE = 2.0
 """Seconds a quiet watch stream stays open before it is reopened."""
+SETTLE = 0.2
+"""Seconds a locker holds locks before its watch opens. A watch costs a request, and the
+thread's work on every deletion under the prefix (releases included): a lock released
+sooner never needs one. A deletion meanwhile is not missed -- the watch starts at the
+revision after the oldest lock's -- only noticed up to this much later."""
+_IDLE_THREAD = 60.0  # seconds the thread waits with nothing held before it ends
 _REMEMBERED = 4096  # deletions kept for locks registered after their deletion streamed by
 _RETRY = 0.5  # seconds between attempts while etcd cannot be reached
 
@@ -55,6 +63,7 @@ class Watcher:
         self._seen: dict[str, int] = {}  # key -> revision of its last deletion streamed
         self._restart = False
         self._stopping = False
+        self._open_at = 0.0  # monotonic time from which the watch may open
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
 
@@ -62,6 +71,8 @@ class Watcher:
         """Watch the keys of ``leases``, just acquired."""
         gone = []
         with self._cond:
+            if not self._held:  # the thread notices within SETTLE: no need to wake it
+                self._open_at = time.monotonic() + SETTLE
             for lease in leases:
                 fence = int(lease.fencing_token)
                 deleted = self._seen.get(lease._wire_key)
@@ -78,7 +89,6 @@ class Watcher:
                     target=self._run, name="multilock-etcd-watch", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
         for lease, revision in gone:
             self._on_lost(lease, _reason(revision))
 
@@ -102,11 +112,20 @@ class Watcher:
         try:
             while True:
                 with self._cond:
-                    while not self._held and not self._stopping:
-                        # Nothing to watch: what was streamed no longer covers what comes.
-                        self._covered = self._next = None
-                        self._seen.clear()
-                        self._cond.wait()
+                    idle_until = time.monotonic() + _IDLE_THREAD
+                    while not self._stopping:
+                        if not self._held:
+                            # Nothing to watch: what was streamed no longer covers what comes.
+                            self._covered = self._next = None
+                            self._seen.clear()
+                            if time.monotonic() > idle_until:
+                                self._thread = None  # the next hold() starts another
+                                return
+                            self._cond.wait(SETTLE)
+                        elif (settling := self._open_at - time.monotonic()) > 0:
+                            self._cond.wait(settling)
+                        else:
+                            break
                     if self._stopping:
                         return
                     start = self._next
@@ -154,10 +173,10 @@ class Watcher:
                         gone.append((lease, deleted))
                 if revision:
                     self._next = revision + 1
-                restart, stopping = self._restart, self._stopping
+                done = self._restart or self._stopping or not self._held
             for lease, deleted in gone:
                 self._on_lost(lease, _reason(deleted))
-            if restart or stopping:
+            if done:
                 return
 
     def _remember(self, key: str, revision: int) -> None:

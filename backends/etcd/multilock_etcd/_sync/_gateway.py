@@ -1,7 +1,7 @@
 # This file was generated from the async source by scripts/unasync.py:
 # backends/etcd/multilock_etcd/_async/_gateway.py.
 # Do not edit it; change the source and rerun the script.
-"""etcd's v3 JSON gateway over HTTP/1.1, through httpcore: the source of both APIs' transport.
+"""etcd's v3 JSON gateway: the source of both APIs' requests.
 
 The sync twin in ``_sync/`` is generated from this module by ``scripts/unasync.py``.
 
@@ -9,8 +9,11 @@ One member is asked at a time, the first of the URL to begin with. A request tha
 could not reach it (refused, no route, connect timeout: nothing was sent) goes to the
 next member; any later failure is reported -- the request may have been applied -- and
 the next request starts with the next member. Every request is bounded by the locker's
-``timeout``: each phase (connect, send, answer) by what is left of it, and the async
-API's whole request by one ``asyncio.timeout`` as well.
+``timeout``: each socket operation by what is left of it on the sync side, the whole
+request by one ``asyncio.timeout`` on the async side.
+
+Connections are kept for the next request (one per request in flight at once); one
+found closed by the member while it was idle is replaced before the request is sent.
 
 With a user name in the URL, the gateway authenticates once and sends etcd's token with
 every request; a token etcd no longer accepts (they expire) is renewed and the request,
@@ -25,11 +28,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpcore
-
 from .._config import EtcdConfig
 from .._errors import NOT_SENT, TRANSPORT_ERRORS, GatewayError, translate
 from .._timeouts import sync_bounded
+from ._http import Connection
 
 __all__ = ["Gateway"]
 
@@ -42,14 +44,11 @@ class Gateway:
     def __init__(self, config: EtcdConfig, timeout: float | None = None) -> None:
         self.config = config
         self.timeout = config.timeout if timeout is None else timeout
-        self._pool = self._new_pool()
+        self._idle: list[Connection] = []
         self._pid = os.getpid()
         self._member = 0
         self._headers = [_JSON]
         self._authenticated = config.username is None
-
-    def _new_pool(self) -> httpcore.ConnectionPool:
-        return httpcore.ConnectionPool(ssl_context=self.config.ssl_context, retries=0)
 
     def call(self, path: str, body: bytes, doing: str) -> dict[str, Any]:
         """POST ``body`` to ``path``; etcd's answer, or the multilock error for ``doing``."""
@@ -60,9 +59,7 @@ class Gateway:
 
     def request(self, path: str, body: bytes) -> dict[str, Any]:
         """POST ``body`` to ``path``; etcd's answer. Raises :class:`GatewayError` for an
-        error answer and httpcore's (or the OS's) errors when there is none."""
-        if self._pid != os.getpid():  # a forked child must not share its parent's sockets
-            self._pool, self._pid = self._new_pool(), os.getpid()
+        error answer, and a transport error (``TRANSPORT_ERRORS``) when there is none."""
         if not self._authenticated:
             self._authenticate()
         try:
@@ -86,63 +83,86 @@ class Gateway:
             self._headers = [_JSON, (b"Authorization", str(answer["token"]).encode())]
         self._authenticated = True
 
+    def _connection(self, deadline: float) -> Connection:
+        """An idle connection to the current member, or a new one."""
+        if self._pid != os.getpid():  # a forked child must not share its parent's sockets
+            self._idle, self._pid = [], os.getpid()
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.reusable():
+                return connection
+            connection.close()
+        host, port = self.config.endpoints[self._member]
+        left = max(0.001, min(deadline - time.monotonic(), self.config.connect_timeout))
+        return Connection.open(host, port, self.config.ssl_context, left)
+
+    def _next_member(self) -> None:
+        """Ask the next member from now on (the current one failed)."""
+        self._member = (self._member + 1) % len(self.config.endpoints)
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
     def _post(self, path: str, body: bytes) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout
-        members = self.config.endpoints
-        for attempt in range(len(members)):
-            url = members[self._member] + path
+        target = path.encode()
+        for attempt in range(len(self.config.endpoints)):
             try:
-                return self._send(url, body, deadline)
+                with sync_bounded(max(0.001, deadline - time.monotonic())):
+                    connection = self._connection(deadline)
+                    try:
+                        left = max(0.001, deadline - time.monotonic())
+                        status, content = connection.request(target, self._headers, body, left)
+                    except BaseException:
+                        connection.close()
+                        raise
             except NOT_SENT:
-                self._member = (self._member + 1) % len(members)
-                if attempt == len(members) - 1 or time.monotonic() >= deadline:
+                self._next_member()
+                if attempt == len(self.config.endpoints) - 1 or time.monotonic() >= deadline:
                     raise
+                continue
             except TRANSPORT_ERRORS:
-                self._member = (self._member + 1) % len(members)
+                self._next_member()
                 raise
+            self._idle.append(connection)
+            return _answer(status, content)
         raise AssertionError("unreachable: the last member's failure is raised")
-
-    def _timeouts(self, deadline: float) -> dict[str, float]:
-        left = max(0.001, deadline - time.monotonic())
-        connect = min(left, self.config.connect_timeout)
-        return {"connect": connect, "read": left, "write": left, "pool": left}
-
-    def _send(self, url: str, body: bytes, deadline: float) -> dict[str, Any]:
-        timeouts = self._timeouts(deadline)
-        with sync_bounded(timeouts["read"]):
-            response = self._pool.request(
-                "POST", url, headers=self._headers, content=body, extensions={"timeout": timeouts}
-            )
-        return _answer(response.status, response.content)
 
     def lines(self, path: str, body: bytes, idle: float) -> Iterator[dict[str, Any]]:
         """POST ``body`` to a streaming ``path`` (a watch) and yield each message as it
         comes. Ends with a transport error when nothing came for ``idle`` seconds."""
         if not self._authenticated:
             self._authenticate()
-        url = self.config.endpoints[self._member] + path
-        connect = self.config.connect_timeout
-        timeouts = {"connect": connect, "read": idle, "write": idle, "pool": idle}
+        connection = self._connection(time.monotonic() + self.config.connect_timeout)
         try:
-            with self._pool.stream(
-                "POST", url, headers=self._headers, content=body, extensions={"timeout": timeouts}
-            ) as response:
-                if response.status != 200:
-                    _answer(response.status, response.read())
-                pending = b""
-                for chunk in response.iter_stream():
-                    pending += chunk
-                    while b"\n" in pending:
-                        line, pending = pending.split(b"\n", 1)
-                        if line.strip():
-                            yield _message(line)
+            pieces = connection.stream(path.encode(), self._headers, body, idle)
+            with sync_bounded(idle):
+                status = int(pieces.__next__())
+            pending = b""
+            while True:
+                try:
+                    with sync_bounded(idle):
+                        piece = pieces.__next__()
+                except StopIteration:
+                    return
+                if status != 200:
+                    _answer(status, piece)
+                pending += piece
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if line.strip():
+                        yield _message(line)
         except TRANSPORT_ERRORS:
-            self._member = (self._member + 1) % len(self.config.endpoints)
+            self._next_member()
             raise
+        finally:
+            connection.close()
 
     def close(self) -> None:
         """Close every connection."""
-        self._pool.close()
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
 
 
 def _answer(status: int, content: bytes) -> dict[str, Any]:

@@ -140,20 +140,39 @@ class Client:
             )
         return max_age
 
+    async def _publish(self, subject: str, token: bytes, headers: dict[str, str]) -> int:
+        """Publish to JetStream and wait for its acknowledgement: the message's sequence.
+
+        nats-py's ``js.publish`` made by hand: the same request, its answer read without
+        building a ``PubAck`` (a tenth of an uncontended lock cycle, measured).
+        """
+        if self._nc is None or self._js is None or not self._nc.is_connected:
+            await self.ready()
+        assert self._nc is not None
+        try:
+            reply = await self._nc.request(
+                subject, token, timeout=self.config.timeout, headers=headers
+            )
+        except nats.errors.NoRespondersError:
+            raise nats.js.errors.NoStreamResponseError from None
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            nats.js.errors.APIError.from_error(answer["error"])
+        return int(answer["seq"])
+
     async def acquire(self, subject: str, token: bytes) -> int | None:
         """Store ``token`` as ``subject``'s only message; its revision, or ``None`` if the
         subject is held."""
-        js = await self.ready()
         try:
-            return (await js.publish(subject, token, headers={_EXPECT_LAST: "0"})).seq
+            return await self._publish(subject, token, {_EXPECT_LAST: "0"})
         except nats.js.errors.APIError as exc:
             if exc.err_code != WRONG_LAST_SEQUENCE:
                 raise
             last = _last_sequence(exc)
-        if last is None or not await self._is_marker(js, last):
+        if last is None or not await self._is_marker(await self.ready(), last):
             return None
         try:  # a delete or purge marker of a KV client: the key is free
-            return (await js.publish(subject, token, headers={_EXPECT_LAST: str(last)})).seq
+            return await self._publish(subject, token, {_EXPECT_LAST: str(last)})
         except nats.js.errors.APIError as exc:
             if exc.err_code != WRONG_LAST_SEQUENCE:
                 raise
@@ -169,19 +188,18 @@ class Client:
     async def renew(self, subject: str, token: bytes, revision: int, fence: int) -> int | None:
         """Write ``token`` again if ``revision`` is still ``subject``'s last message;
         the new revision, or ``None`` if it is not (taken, expired or purged)."""
-        js = await self.ready()
         headers = {_EXPECT_LAST: str(revision), FENCE_HEADER: str(fence)}
         try:
-            ack = await js.publish(subject, token, headers=headers)
+            return await self._publish(subject, token, headers)
         except nats.js.errors.APIError as exc:
             if exc.err_code != WRONG_LAST_SEQUENCE:
                 raise
             return None
-        return ack.seq
 
     async def release(self, subject: str, revision: int) -> bool:
         """Purge ``subject``'s messages up to ``revision``: whether ours was still there."""
-        await self.ready()
+        if self._nc is None or not self._nc.is_connected:
+            await self.ready()
         assert self._nc is not None
         request = json.dumps({"filter": subject, "seq": revision + 1}).encode()
         reply = await self._nc.request(

@@ -66,7 +66,7 @@ class NatsLease(LeaseBase):
     _rev: int
     _ttl: float
     _span: float
-    _renewing: Future[None] | None
+    _renewing: Future[None] | object | None  # a renewal in flight, or a writer
     _locker: NatsLocker
 
     def _release(self) -> bool:
@@ -90,7 +90,7 @@ class AsyncNatsLease(AsyncLeaseBase):
     _rev: int
     _ttl: float
     _span: float
-    _renewing: Future[None] | None
+    _renewing: Future[None] | object | None  # a renewal in flight, or a writer
     _locker: AsyncNatsLocker
 
     async def _release(self) -> bool:
@@ -134,18 +134,21 @@ class _NatsCommon:
         """Take ``names`` (concurrently, on one connection); the leases and the monotonic
         time the writes were sent. On an error nothing stays held."""
         self._check_ttl(ttl)
-        try:
-            await client.ready()
-        except NATS_ERRORS as exc:
-            raise translate(exc, self._url, "connecting") from None
         batch = new_token()
         tokens = [batch] if len(names) == 1 else [f"{batch}.{i:x}" for i in range(len(names))]
         subjects = [self._subject(name) for name in names]
         start = time.monotonic()
-        answers = await asyncio.gather(
-            *(client.acquire(s, t.encode()) for s, t in zip(subjects, tokens, strict=True)),
-            return_exceptions=True,
-        )
+        answers: list[int | BaseException | None]
+        if len(names) == 1:  # no task to make: the common case
+            try:
+                answers = [await client.acquire(subjects[0], tokens[0].encode())]
+            except NATS_ERRORS as exc:
+                raise translate(exc, self._url, "acquiring") from None
+        else:
+            answers = await asyncio.gather(
+                *(client.acquire(s, t.encode()) for s, t in zip(subjects, tokens, strict=True)),
+                return_exceptions=True,
+            )
         failed = next((a for a in answers if isinstance(a, BaseException)), None)
         if failed is not None:
             taken = [(s, a) for s, a in zip(subjects, answers, strict=True) if isinstance(a, int)]
@@ -176,27 +179,31 @@ class _NatsCommon:
     async def _release_in(self, client: Client, renewer: Renewer, lease: Any) -> bool:
         self._held.discard(lease)
         renewer.discard(lease)
+        await renewer.claim(lease)
         try:
-            async with renewer.writing(lease):
-                return await client.release(lease._subject, lease._rev)
+            return await client.release(lease._subject, lease._rev)
         except NATS_ERRORS as exc:
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
             raise translate(exc, self._url, "releasing") from None
+        finally:
+            renewer.unclaim(lease)
 
     async def _extend_in(self, client: Client, renewer: Renewer, lease: Any, ttl: float) -> float:
         self._check_ttl(ttl)
         span = min(ttl, client.max_age or ttl)
         start = time.monotonic()
+        await renewer.claim(lease)
         try:
-            async with renewer.writing(lease):
-                revision = await client.renew(
-                    lease._subject, lease._token, lease._rev, lease.fencing_token
-                )
-                if revision is not None:
-                    lease._rev = revision
+            revision = await client.renew(
+                lease._subject, lease._token, lease._rev, lease.fencing_token
+            )
+            if revision is not None:
+                lease._rev = revision
         except NATS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
+        finally:
+            renewer.unclaim(lease)
         if revision is None:
             reason = f"lock {lease.key!r} expired, was purged or taken on the server"
             self._lost(lease, reason)
@@ -215,8 +222,11 @@ class _NatsCommon:
         renewer.stop()
 
         async def release(lease: Any) -> None:
-            async with renewer.writing(lease):
+            await renewer.claim(lease)
+            try:
                 await client.release(lease._subject, lease._rev)
+            finally:
+                renewer.unclaim(lease)
 
         # What cannot be released expires after the bucket's TTL.
         await asyncio.gather(*(release(lease) for lease in leases), return_exceptions=True)

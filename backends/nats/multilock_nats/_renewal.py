@@ -9,7 +9,7 @@ is retried until the span has passed unconfirmed, and then ``lost`` fires.
 
 A renewal replaces the lease's message with a new revision, so a release must purge up
 to the *new* one: a release waits for a renewal of its lease already in flight
-(:meth:`Renewer.writing`), and a renewal never starts for a released lease. The
+(:meth:`Renewer.claim`), and a renewal never starts for a released lease. The
 handshake is under one lock, since the release may run in another thread's loop.
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ._client import Client
@@ -33,6 +33,10 @@ __all__ = ["Renewer"]
 _log = logging.getLogger("multilock.nats")
 _RETRY_CAP = 1.0  # the longest pause between two attempts while NATS is unreachable
 _MIN_TIMEOUT = 0.005
+
+
+_WRITING: Any = object()
+"""``lease._renewing`` while a release or an extend writes the lease."""
 
 
 class _Schedule:
@@ -62,13 +66,31 @@ class Renewer:
         self.client = client
         self._on_lost = on_lost
         self._guard = threading.Lock()
-        self._leases: dict[Any, _Schedule] = {}  # touched in the portal's loop only
-        self._wake: asyncio.Event | None = None
+        # Under the guard: the leases, when the task wakes next, whether it runs.
+        self._leases: dict[Any, _Schedule] = {}
+        self._wake_at = math.inf
+        self._started = False
+        self._stopping = False
+        # An idle task wakes up as often as a lease of the default ttl would need it: then
+        # acquiring such a lease never has to wake it early (no hand-over to its thread).
+        self._idle = client.config.ttl / 3
+        self._event: asyncio.Event | None = None  # the portal loop's
         self._task: asyncio.Task[None] | None = None
 
     def add(self, leases: list[Any], start: float) -> None:
         """Renew ``leases``, written at monotonic time ``start``, from now on."""
-        self.portal.loop.call_soon_threadsafe(self._add, leases, start)
+        poke = False
+        with self._guard:
+            for lease in leases:
+                schedule = self._leases[lease] = _Schedule(lease._span, start)
+                if schedule.due < self._wake_at:
+                    self._wake_at = schedule.due
+                    poke = True
+            begin, self._started = not self._started, True
+        if begin:
+            self.portal.loop.call_soon_threadsafe(self._begin)
+        elif poke:
+            self.portal.loop.call_soon_threadsafe(self._poke)
 
     def confirmed(self, lease: Any, start: float) -> None:
         """``lease`` was written again (an extend) at monotonic time ``start``."""
@@ -76,71 +98,76 @@ class Renewer:
 
     def discard(self, lease: Any) -> None:
         """Stop renewing ``lease``."""
-        self.portal.loop.call_soon_threadsafe(self._leases.pop, lease, None)
+        with self._guard:
+            self._leases.pop(lease, None)
 
-    @contextlib.asynccontextmanager
-    async def writing(self, lease: Any) -> AsyncIterator[None]:
+    async def claim(self, lease: Any) -> None:
         """Hold off the renewal of ``lease`` while the caller writes it (a release or an
-        extend): first wait, bounded by the timeout, for a renewal already in flight,
-        whose new revision the caller must use."""
+        extend; then :meth:`unclaim`). First wait, bounded by the timeout, for a renewal
+        already in flight, whose new revision the caller must use."""
         deadline = time.monotonic() + self.client.config.timeout
-        mine: concurrent.futures.Future[None] | None
         while True:
             with self._guard:
-                waiting: concurrent.futures.Future[None] | None = lease._renewing
+                waiting = lease._renewing
                 if waiting is None:
-                    mine = lease._renewing = concurrent.futures.Future()
-                    break
+                    lease._renewing = _WRITING
+                    return
+            if waiting is _WRITING:  # another writer: the lease's own locker serializes
+                return
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     await asyncio.wrap_future(waiting)
             except TimeoutError:
-                mine = None  # a renewal that hangs: write with what we know
-                break
-        try:
-            yield
-        finally:
-            if mine is not None:
-                with self._guard:
-                    lease._renewing = None
-                mine.set_result(None)
+                return  # a renewal that hangs: write with what we know
+
+    def unclaim(self, lease: Any) -> None:
+        """The write :meth:`claim` held the renewal off for is done."""
+        with self._guard:
+            if lease._renewing is _WRITING:
+                lease._renewing = None
 
     def stop(self) -> None:
-        """Stop renewing (the portal and the client are the caller's to stop)."""
-        self.portal.loop.call_soon_threadsafe(self._stop)
+        """Stop renewing (the portal and the client are the caller's to stop). A renewal
+        in flight finishes, so that a release waiting for it (see :meth:`claim`) learns
+        its revision."""
+        with self._guard:
+            self._stopping = True
+            self._leases.clear()
+        self.portal.loop.call_soon_threadsafe(self._poke)
 
-    def _stop(self) -> None:
-        # Not cancelled: a renewal in flight finishes, so that a release waiting for it
-        # (see writing) learns its revision. The task ends with nothing left to renew.
-        self._leases.clear()
-        if self._wake is not None:
-            self._wake.set()
+    def _begin(self) -> None:
+        self._event = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
 
-    def _add(self, leases: list[Any], start: float) -> None:
-        for lease in leases:
-            if not lease._released and not lease.lost.is_set():
-                self._leases[lease] = _Schedule(lease._span, start)
-        if self._wake is None:
-            self._wake = asyncio.Event()
-        self._wake.set()
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._run())
+    def _poke(self) -> None:
+        if self._event is not None:
+            self._event.set()
 
     async def _run(self) -> None:
-        assert self._wake is not None
-        while self._leases:
-            now = time.monotonic()
-            due = [(lease, s) for lease, s in self._leases.items() if s.due <= now + s.span / 6]
-            if not due:
-                self._wake.clear()
-                wake = min(s.due for s in self._leases.values())
-                try:
-                    async with asyncio.timeout(wake - now):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
+        assert self._event is not None
+        while True:
+            # Pokes run in this loop, only while this task awaits: none is lost between
+            # this clear and the wait below.
+            self._event.clear()
+            with self._guard:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                leases = self._leases.items()
+                due = [(lease, s) for lease, s in leases if s.due <= now + s.span / 6]
+                if due:
+                    self._wake_at = -math.inf  # adds during the round need no poke
+                else:
+                    self._wake_at = min((s.due for _, s in leases), default=now + self._idle)
+                wait = self._wake_at - now
+            if due:
+                await asyncio.gather(*(self._renew(lease, schedule) for lease, schedule in due))
                 continue
-            await asyncio.gather(*(self._renew(lease, schedule) for lease, schedule in due))
+            try:
+                async with asyncio.timeout(wait):
+                    await self._event.wait()
+            except TimeoutError:
+                pass
 
     async def _renew(self, lease: Any, schedule: _Schedule) -> None:
         with self._guard:
@@ -182,7 +209,7 @@ class Renewer:
         self._lose(lease, f"lease could not be renewed before its expiry: {reason}")
 
     def _lose(self, lease: Any, reason: str) -> None:
-        self._leases.pop(lease, None)
+        self.discard(lease)
         if not lease._released:
             _log.warning("lease %r lost: %s", lease.key, reason)
             self._on_lost(lease, reason)

@@ -18,6 +18,8 @@
 # MULTILOCK_ETCD_KEEP_DATA=1 (fault tests restart a private server on its data). A short
 # election timeout lowers the shortest lease etcd grants (1.5 election timeouts, rounded
 # up to whole seconds) from 2 s to 1 s, so that tests may use 1 s leases.
+# MULTILOCK_ETCD_ARGS adds flags (a private server of the authentication tests: a short
+# --auth-token-ttl).
 set -euo pipefail
 
 PORT="${MULTILOCK_ETCD_PORT:-2379}"
@@ -104,7 +106,7 @@ start() {
         --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
         --initial-cluster "multilock-test=$peer" --initial-cluster-state new \
         --heartbeat-interval 50 --election-timeout 500 \
-        --logger zap --log-level error --log-outputs stderr \
+        --logger zap --log-level error --log-outputs stderr ${MULTILOCK_ETCD_ARGS:-} \
         >"$STATE/etcd.log" 2>&1 </dev/null 9>&- &
     local pid=$!
     echo "$pid" >"$PIDFILE"

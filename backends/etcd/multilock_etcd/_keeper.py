@@ -235,9 +235,11 @@ class Keeper:
                 orphans = [orphan for orphan in self._orphans if orphan[0] <= now]
                 self._orphans = [orphan for orphan in self._orphans if orphan[0] > now]
                 budget = min(
-                    self._config.timeout,
-                    *(slot.deadline - now for slot in due),
-                    *(s.ttl / 3 for s in due),
+                    [
+                        self._config.timeout,
+                        *(s.deadline - now for s in due),
+                        *(s.ttl / 3 for s in due),
+                    ]
                 )
                 return due, idle, orphans, max(_MIN_TIMEOUT, budget)
             self._cond.wait(wake - now)

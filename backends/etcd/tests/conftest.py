@@ -58,7 +58,7 @@ def _free_port() -> int:
 class PrivateEtcd:
     """One single-member etcd of our own: ``start()``, ``stop()``, ``kill()``, ``freeze()``."""
 
-    def __init__(self, state: Path, *, keep_data: bool = False) -> None:
+    def __init__(self, state: Path, *, keep_data: bool = False, args: str = "") -> None:
         self.port = _free_port()
         self.env = {
             **os.environ,
@@ -66,6 +66,7 @@ class PrivateEtcd:
             "MULTILOCK_ETCD_PEER_PORT": str(_free_port()),
             "MULTILOCK_ETCD_DIR": str(state),
             "MULTILOCK_ETCD_KEEP_DATA": "1" if keep_data else "0",
+            "MULTILOCK_ETCD_ARGS": args,
         }
 
     @property
@@ -128,8 +129,8 @@ class PrivateEtcd:
 def private_etcd(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Callable[..., PrivateEtcd]]:
-    """``private_etcd(keep_data=False)``: a started server (see :class:`PrivateEtcd`),
-    stopped after the test."""
+    """``private_etcd(keep_data=False, args="")``: a started server (see
+    :class:`PrivateEtcd`), stopped after the test."""
     if not (SCRIPTS / "etcd.sh").exists():
         pytest.skip("scripts/etcd.sh is not here (not a checkout of the repository)")
     servers: list[PrivateEtcd] = []

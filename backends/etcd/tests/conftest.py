@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -100,8 +101,18 @@ class PrivateEtcd:
         os.kill(self._pid(), signal.SIGKILL)
 
     def freeze(self) -> None:
-        """Stop the server's process where it stands: a blackhole that keeps connections."""
-        os.kill(self._pid(), signal.SIGSTOP)
+        """Stop the server's process where it stands: a blackhole that keeps connections.
+        Returns once every thread of it is stopped (a thread running on another core at
+        the signal could otherwise still answer one more request)."""
+        pid = self._pid()
+        os.kill(pid, signal.SIGSTOP)
+        tasks = Path(f"/proc/{pid}/task")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            stats = [(task / "stat").read_text() for task in tasks.iterdir()]
+            if all(stat.rsplit(")", 1)[1].split()[0] in "Tt" for stat in stats):
+                return
+            time.sleep(0.005)
 
     def thaw(self) -> None:
         """Let a frozen server go on."""

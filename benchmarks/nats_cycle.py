@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import nats
+import nats.aio.client
 import nats.js
 from _cycle import (
     OURS,
@@ -72,7 +73,7 @@ def _bucket_url(url: str) -> tuple[str, str, str]:
 class Variants:
     """The raw pattern, the floor and the peer, on one nats-py connection."""
 
-    def __init__(self, nc: nats.NATS, bucket: str) -> None:
+    def __init__(self, nc: nats.aio.client.Client, bucket: str) -> None:
         self.nc = nc
         self.js = nc.jetstream(timeout=5)
         self.bucket = bucket

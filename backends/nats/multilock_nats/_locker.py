@@ -52,7 +52,19 @@ T = TypeVar("T")
 _LEASE_SLOTS = ("_locker", "_rev", "_renewing", "_span", "_subject", "_token", "_ttl")
 
 
-class NatsLease(LeaseBase):
+class _LeaseFields:
+    """What both leases hold beyond the kit's (their ``__slots__`` store it)."""
+
+    __slots__ = ()
+    _subject: str
+    _token: bytes
+    _rev: int
+    _ttl: float
+    _span: float
+    _renewing: Future[None] | object | None  # a renewal in flight, or a writer
+
+
+class NatsLease(_LeaseFields, LeaseBase):
     """A lease on a NATS KV lock (sync API), renewed in the background while held.
 
     ``fencing_token`` is the revision (stream sequence) of the write that took the key.
@@ -61,12 +73,6 @@ class NatsLease(LeaseBase):
     __slots__ = _LEASE_SLOTS
     key: str
     fencing_token: int
-    _subject: str
-    _token: bytes
-    _rev: int
-    _ttl: float
-    _span: float
-    _renewing: Future[None] | object | None  # a renewal in flight, or a writer
     _locker: NatsLocker
 
     def _release(self) -> bool:
@@ -76,7 +82,7 @@ class NatsLease(LeaseBase):
         return self._locker._extend_lease(self, self._ttl if ttl is None else ttl)
 
 
-class AsyncNatsLease(AsyncLeaseBase):
+class AsyncNatsLease(_LeaseFields, AsyncLeaseBase):
     """A lease on a NATS KV lock (async API), renewed in the background while held.
 
     ``fencing_token`` is the revision (stream sequence) of the write that took the key.
@@ -85,12 +91,6 @@ class AsyncNatsLease(AsyncLeaseBase):
     __slots__ = _LEASE_SLOTS
     key: str
     fencing_token: int
-    _subject: str
-    _token: bytes
-    _rev: int
-    _ttl: float
-    _span: float
-    _renewing: Future[None] | object | None  # a renewal in flight, or a writer
     _locker: AsyncNatsLocker
 
     async def _release(self) -> bool:

@@ -52,6 +52,8 @@ _SERVERS = {
     "postgresql": ("MULTILOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     "redis": ("MULTILOCK_REDIS_URL", "redis://127.0.0.1:6379/15"),
     "zookeeper": ("MULTILOCK_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181/multilock-test"),
+    "etcd": ("MULTILOCK_ETCD_URL", "etcd://127.0.0.1:2379/multilock-test"),
+    "nats": ("MULTILOCK_NATS_URL", "nats://127.0.0.1:4222/multilock-test"),
 }
 
 

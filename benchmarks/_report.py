@@ -167,7 +167,7 @@ def _lines(results: Results) -> list[str]:
         out += ["> A `--quick` smoke run: too few samples for the figures to mean anything.", ""]
     out += [
         f"Written by `{results.command}` in {results.wall_seconds / 60:.1f} minutes, against",
-        "the local PostgreSQL, Redis and ZooKeeper servers. The machine is shared and",
+        "the local PostgreSQL, Redis, ZooKeeper, etcd and NATS servers. The machine is shared and",
         "noisy: compare the ratios (measured in the same run, variants interleaved),",
         "not the absolute times, which are shown but not asserted.",
         "",
@@ -179,14 +179,16 @@ def _lines(results: Results) -> list[str]:
         "",
         "```sh",
         "pip install -e '.[bench]' -e 'backends/postgres[bench]' \\",
-        "    -e 'backends/redis[bench]' -e 'backends/zookeeper[bench]'",
+        "    -e 'backends/redis[bench]' -e 'backends/zookeeper[bench]' \\",
+        "    -e 'backends/etcd[bench]' -e 'backends/nats'",
         "python benchmarks/run.py          # all: rewrites this page and docs/img/bench-*.png",
         "python benchmarks/run.py --quick  # CI smoke: checks it all runs (into a tmpdir)",
         "python benchmarks/run.py --only cycle,many --out build/bench",
         "```",
         "",
-        "Servers come from `MULTILOCK_POSTGRES_URL`, `MULTILOCK_REDIS_URL` and",
-        "`MULTILOCK_ZOOKEEPER_URL` (defaults: the local test servers). Each section is",
+        "Servers come from `MULTILOCK_POSTGRES_URL`, `MULTILOCK_REDIS_URL`,",
+        "`MULTILOCK_ZOOKEEPER_URL`, `MULTILOCK_ETCD_URL` and `MULTILOCK_NATS_URL`",
+        "(defaults: the local test servers). Each section is",
         "also a script of its own in `benchmarks/` with a docstring saying what it does.",
     ]
     out += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]

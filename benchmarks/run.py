@@ -31,7 +31,9 @@ from pathlib import Path
 import _report
 import connections
 import contention
+import etcd_cycle
 import many_locks
+import nats_cycle
 import postgres_cycle
 import redis_cycle
 import scheduler_load
@@ -46,6 +48,8 @@ _CYCLES = {
     "postgresql": postgres_cycle,
     "redis": redis_cycle,
     "zookeeper": zookeeper_cycle,
+    "etcd": etcd_cycle,
+    "nats": nats_cycle,
 }
 
 

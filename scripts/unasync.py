@@ -67,6 +67,21 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "async_stop": "sync_stop",
         },
     ),
+    (
+        "backends/etcd/multilock_etcd/_async",
+        "backends/etcd/multilock_etcd/_sync",
+        {
+            "AsyncEtcdLease": "EtcdLease",
+            "AsyncEtcdLocker": "EtcdLocker",
+            "AsyncGateway": "Gateway",
+            "AsyncConnection": "Connection",
+            "AsyncStream": "SyncStream",
+            "AsyncIterator": "Iterator",
+            "StopAsyncIteration": "StopIteration",
+            "async_open": "sync_open",
+            "async_bounded": "sync_bounded",
+        },
+    ),
 ]
 
 

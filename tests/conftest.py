@@ -28,6 +28,8 @@ DEFAULT_URLS = {
     "postgres": "postgresql://postgres@127.0.0.1:5432/test",
     "redis": "redis://127.0.0.1:6379/15",
     "zookeeper": "zookeeper://127.0.0.1:2181/multilock-test",
+    "etcd": "etcd://127.0.0.1:2379/multilock-test",
+    "nats": "nats://127.0.0.1:4222/multilock-test",
 }
 DOCKER_ENV = "MULTILOCK_DOCKER"
 
@@ -115,6 +117,18 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 def zookeeper_url(request: pytest.FixtureRequest) -> str:
     """A reachable ZooKeeper lock URL (``MULTILOCK_ZOOKEEPER_URL``)."""
     return _url(request, "zookeeper")
+
+
+@pytest.fixture(scope="session")
+def etcd_url(request: pytest.FixtureRequest) -> str:
+    """A reachable etcd lock URL (``MULTILOCK_ETCD_URL``)."""
+    return _url(request, "etcd")
+
+
+@pytest.fixture(scope="session")
+def nats_url(request: pytest.FixtureRequest) -> str:
+    """A reachable NATS JetStream lock URL (``MULTILOCK_NATS_URL``)."""
+    return _url(request, "nats")
 
 
 @pytest.fixture(scope="session")

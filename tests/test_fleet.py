@@ -45,6 +45,9 @@ READY_TIMEOUT = 30.0
 # A ZooKeeper lease ends with its session: a short one, so that a killed replica's
 # leases go within seconds (4 s is the server's usual minimum, 2 x tickTime).
 ZOOKEEPER_SESSION = "session_timeout=4s"
+# The TTL of a NATS bucket the fleet creates: a killed replica's keys go that long after
+# their last renewal. (A bucket that exists keeps its own; the recovery bound asks it.)
+NATS_BUCKET_TTL = "bucket_ttl=2s"
 
 
 class Fleet:
@@ -202,7 +205,7 @@ def _run_fleet(
     assert not missing, f"{len(missing)} of {len(must_run)} (job, tick) never ran: {missing[:10]}"
 
 
-BACKENDS = ("file", "postgres", "redis", "zookeeper")
+BACKENDS = ("file", "postgres", "redis", "zookeeper", "etcd", "nats")
 # Leader mode on the session-bound backends only: the per-job lock variants already
 # cover every backend's leases.
 LEADER_BACKENDS = ("file", "postgres")
@@ -268,6 +271,8 @@ def fleets(
                 continue
             if backend == "zookeeper":
                 url += ("&" if "?" in url else "?") + ZOOKEEPER_SESSION
+            if backend == "nats":
+                url += ("&" if "?" in url else "?") + NATS_BUCKET_TTL
             workdir = tmp_path_factory.mktemp(f"{test[10:]}-{backend}")
             outcomes[(test, backend)] = pool.submit(SCENARIOS[test], url, workdir)
         yield Fleets(outcomes)

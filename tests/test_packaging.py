@@ -32,6 +32,8 @@ def test_every_distribution_is_found() -> None:
         "multilock-postgres",
         "multilock-redis",
         "multilock-zookeeper",
+        "multilock-etcd",
+        "multilock-nats",
         "multilock-sqlite",
     }
 

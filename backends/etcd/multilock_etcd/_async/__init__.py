@@ -1,0 +1,1 @@
+"""The asyncio API (the source the sync API is generated from)."""

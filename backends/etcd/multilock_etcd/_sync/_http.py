@@ -1,0 +1,123 @@
+# This file was generated from the async source by scripts/unasync.py:
+# backends/etcd/multilock_etcd/_async/_http.py.
+# Do not edit it; change the source and rerun the script.
+"""HTTP/1.1 to one etcd member with h11: the source of both APIs' connections.
+
+The sync twin in ``_sync/`` is generated from this module by ``scripts/unasync.py``.
+
+h11 (python-hyper's sans-I/O HTTP/1.1, the protocol layer under httpcore) parses and
+frames; this module only moves its bytes over a stream of ``_streams``. A connection
+serves one request at a time and is kept for the next; any failure closes it, so that
+no half-read answer is left for the next request.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from collections.abc import Iterator
+
+import h11
+
+from .._streams import SyncStream, sync_open
+
+__all__ = ["IDLE", "Closed", "Connection"]
+
+IDLE = 0.5
+"""Seconds after which a kept connection is checked for the member's end before use
+(a look costs a system call; calls in a row skip it)."""
+
+
+class Closed(EOFError):
+    """The member closed the connection before its answer was complete."""
+
+
+class Connection:
+    """A kept-alive HTTP/1.1 connection to one member."""
+
+    __slots__ = ("_h11", "_host", "_stream", "_used")
+
+    def __init__(self, stream: SyncStream, host: bytes) -> None:
+        self._stream = stream
+        self._host = host
+        self._h11 = h11.Connection(h11.CLIENT)
+        self._used = time.monotonic()
+
+    @classmethod
+    def open(
+        cls, host: str, port: int, context: ssl.SSLContext | None, within: float
+    ) -> Connection:
+        """Connect to the member at ``host:port`` (TLS with ``context``) ``within`` seconds."""
+        stream = sync_open(host, port, context, within)
+        return cls(stream, f"{host}:{port}".encode())
+
+    def reusable(self) -> bool:
+        """Whether the connection may serve another request: open, and -- if it has
+        been idle for :data:`IDLE` seconds -- not closed by the member meanwhile."""
+        if self._h11.our_state is not h11.IDLE:
+            return False
+        return time.monotonic() - self._used < IDLE or not self._stream.closed_by_peer()
+
+    def _send(self, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        request = h11.Request(
+            method=b"POST",
+            target=target,
+            headers=[(b"Host", self._host), (b"Content-Length", b"%d" % len(body)), *headers],
+        )
+        data = self._h11.send(request) or b""
+        data += self._h11.send(h11.Data(data=body)) or b""
+        data += self._h11.send(h11.EndOfMessage()) or b""
+        self._stream.send(data)
+
+    def _event(self) -> h11.Event | type[h11.PAUSED]:
+        while True:
+            event = self._h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]
+            data = self._stream.receive()
+            if not data and self._h11.their_state is not h11.DONE:
+                raise Closed("the member closed the connection")
+            self._h11.receive_data(data)
+
+    def request(
+        self, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes, within: float
+    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``target``; the status and the whole body of the answer. Each
+        socket operation waits at most ``within`` seconds (on the sync side; the async
+        caller bounds the request itself)."""
+        self._stream.set_timeout(within)
+        self._send(target, headers, body)
+        status = 0
+        chunks = []
+        while True:
+            event = self._event()
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        self._h11.start_next_cycle()
+        self._used = time.monotonic()
+        return status, b"".join(chunks)
+
+    def stream(
+        self, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes, idle: float
+    ) -> Iterator[bytes]:
+        """POST ``body`` to a streaming ``target``; yield the status (as bytes of digits)
+        first, then each piece of the answer as it comes. A receive waits at most
+        ``idle`` seconds (on the sync side; the async caller bounds it itself)."""
+        self._stream.set_timeout(idle)
+        self._send(target, headers, body)
+        while True:
+            event = self._event()
+            if isinstance(event, h11.Response):
+                yield b"%d" % event.status_code
+            elif isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._stream.close()

@@ -1,0 +1,246 @@
+# This file was generated from the async source by scripts/unasync.py:
+# backends/etcd/multilock_etcd/_async/locker.py.
+# Do not edit it; change the source and rerun the script.
+"""The etcd locker and lease: the source of truth for both APIs.
+
+The sync API in ``_sync/`` is generated from this module by ``scripts/unasync.py``;
+change this file, then rerun the script.
+
+An acquire is one transaction (``_wire.acquire_request``) on the locker's etcd lease for
+that ttl, granted on the first acquire of a ttl; a batch is one transaction of nested
+ones per :data:`~multilock_etcd._wire.BATCH` names. Release is a compare-and-delete on
+the key's create revision; extend confirms that revision, moves the key to the lease of
+the new ttl if it differs, and keeps that lease alive at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+from multilock.backend import LeaseBase, LockerBase, LockURL
+from multilock.errors import LockLost
+
+from .._common import EtcdLockerCommon, Request, grant_request
+from .._errors import NOT_SENT, TRANSPORT_ERRORS, GatewayError, translate
+from .._keeper import Slot
+from .._wire import (
+    BATCH,
+    acquire_many_request,
+    acquire_request,
+    check_request,
+    granted,
+    header_revision,
+    release_many_request,
+    release_request,
+)
+from ._gateway import Gateway
+
+__all__ = ["EtcdLease", "EtcdLocker"]
+
+
+class EtcdLease(LeaseBase):
+    """A lease on an etcd lock: a key on the locker's etcd lease, kept alive while held.
+
+    ``fencing_token`` is the key's create revision.
+    """
+
+    __slots__ = ("_locker", "_slot", "_ttl", "_value", "_wire_key")
+    key: str
+    fencing_token: int
+
+    def __init__(
+        self,
+        locker: EtcdLocker,
+        name: str,
+        request: Request,
+        i: int,
+        revision: int,
+        slot: Slot,
+        ttl: float,
+        expires_at: datetime | None = None,
+    ) -> None:
+        key = locker._key(name).decode("utf-8")
+        super().__init__(name, key, request.tokens[i], revision, ttl, expires_at=expires_at)
+        self._locker = locker
+        self._wire_key = request.keys[i]
+        self._value = request.values[i]
+        self._slot = slot
+        self._ttl = ttl
+
+    def _release(self) -> bool:
+        return self._locker._release_lease(self)
+
+    def _extend(self, ttl: float | None) -> float:
+        return self._locker._extend_lease(self, self._ttl if ttl is None else ttl)
+
+
+class EtcdLocker(EtcdLockerCommon, LockerBase):
+    """A locker on one etcd cluster (``etcd://host:2379,host:2379/prefix``)."""
+
+    def __init__(self, url: LockURL) -> None:
+        super().__init__(url, default_ttl=self._setup(url))
+        self._gateway = Gateway(self._config)
+
+    def _slot(self, ttl: float) -> Slot:
+        """The etcd lease of this locker's locks of ``ttl``, granted if there is none."""
+        slot = self._keeper.slot(ttl)
+        if slot is not None:
+            return slot
+        start = time.monotonic()
+        answer = self._gateway.call("/v3/lease/grant", grant_request(ttl), "granting a lease")
+        slot, extra = self._keeper.adopt(ttl, int(answer["ID"]), int(answer["TTL"]), start)
+        if extra is not None:  # another acquire of this ttl granted one first
+            try:
+                self._revoke([extra])
+            except (GatewayError, *TRANSPORT_ERRORS):
+                pass  # unused, it expires after its ttl
+        return slot
+
+    def _revoke(self, ids: list[int]) -> None:
+        for lease_id in ids:
+            body = json.dumps({"ID": str(lease_id)}).encode()
+            self._gateway.request("/v3/lease/revoke", body)
+
+    def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
+        return (self._acquire([name], ttl))[name]
+
+    def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
+        if not names:
+            return {}
+        return self._acquire(names, ttl)
+
+    def _acquire(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
+        self._check_ttl(ttl)
+        result: dict[str, LeaseBase | None] = dict.fromkeys(names)
+        slot = self._slot(ttl)
+        request: Request | None = None
+        try:
+            for request in self._requests(names):
+                try:
+                    answer = self._send_acquire(request, slot)
+                except GatewayError as exc:
+                    if not exc.lease_not_found or any(result.values()):
+                        raise
+                    # The lease expired unseen (a long pause): nothing was granted on it.
+                    self._slot_gone(slot)
+                    slot = self._slot(ttl)
+                    answer = self._send_acquire(request, slot)
+                self._granted(result, request, answer, slot, ttl)
+        except (GatewayError, *TRANSPORT_ERRORS) as exc:
+            if request is not None and not isinstance(exc, (GatewayError, *NOT_SENT)):
+                # The answer was lost: the keys may be ours. Delete them if they are.
+                for key, value in zip(request.keys, request.values, strict=True):
+                    self._keeper.orphan(key, value, slot.id)
+            self._give_back([lease for lease in result.values() if lease is not None])
+            raise translate(exc, self._url, "acquiring") from None
+        return result
+
+    def _send_acquire(self, request: Request, slot: Slot) -> dict[str, Any]:
+        if len(request.keys) == 1:
+            body = acquire_request(request.keys[0], request.values[0], slot.id)
+        else:
+            body = acquire_many_request(request.keys, request.values, slot.id)
+        return self._gateway.request("/v3/kv/txn", body)
+
+    def _granted(
+        self,
+        result: dict[str, LeaseBase | None],
+        request: Request,
+        answer: dict[str, Any],
+        slot: Slot,
+        ttl: float,
+    ) -> None:
+        """Put in ``result`` a lease per name that one transaction granted."""
+        revision = header_revision(answer)
+        single = len(request.names) == 1
+        grants = [bool(answer.get("succeeded"))] if single else granted(answer)
+        leases = []
+        expires_at = None
+        for i, name in enumerate(request.names):
+            if grants[i]:
+                lease = EtcdLease(self, name, request, i, revision, slot, ttl, expires_at)
+                expires_at = lease.expires_at  # one transaction granted them all: one expiry
+                leases.append(lease)
+                result[name] = lease
+        self._track(leases, slot)
+
+    def _give_back(self, leases: list[Any]) -> None:
+        """Release ``leases``, granted by a call that failed after all (best effort)."""
+        for lease in leases:
+            self._untrack(lease)
+            lease._released = True
+        try:
+            self._release_all(leases)
+        except (GatewayError, *TRANSPORT_ERRORS):
+            for lease in leases:
+                self._keeper.orphan(lease._wire_key, lease._value, lease._slot.id)
+
+    def _release_lease(self, lease: EtcdLease) -> bool:
+        self._untrack(lease)
+        try:
+            answer = self._gateway.request(
+                "/v3/kv/txn", release_request(lease._wire_key, lease.fencing_token)
+            )
+        except (GatewayError, *TRANSPORT_ERRORS) as exc:
+            if lease.lost.is_set():
+                return False  # already reported lost: its key goes with its etcd lease
+            raise translate(exc, self._url, "releasing") from None
+        return bool(answer.get("succeeded"))
+
+    def _release_leases(self, leases: list[LeaseBase]) -> None:
+        """Free ``leases`` in one transaction per batch (compare-and-delete each)."""
+        mine = [lease for lease in leases if isinstance(lease, EtcdLease)]
+        for lease in mine:
+            self._untrack(lease)
+        try:
+            self._release_all(mine)
+        except (GatewayError, *TRANSPORT_ERRORS) as exc:
+            if all(lease.lost.is_set() for lease in mine):
+                return  # already reported lost: their keys go with their etcd lease
+            raise translate(exc, self._url, "releasing") from None
+
+    def _release_all(self, leases: list[EtcdLease]) -> None:
+        for start in range(0, len(leases), BATCH):
+            chunk = leases[start : start + BATCH]
+            body = release_many_request(
+                [lease._wire_key for lease in chunk], [lease.fencing_token for lease in chunk]
+            )
+            self._gateway.request("/v3/kv/txn", body)
+
+    def _extend_lease(self, lease: EtcdLease, ttl: float) -> float:
+        self._check_ttl(ttl)
+        slot = self._slot(ttl)
+        moving = slot is not lease._slot
+        body = check_request(
+            lease._wire_key, lease.fencing_token, lease._value if moving else None, slot.id
+        )
+        start = time.monotonic()
+        try:
+            answer = self._gateway.request("/v3/kv/txn", body)
+            self._checked(lease, answer)
+            keepalive = json.dumps({"ID": str(slot.id)}).encode()
+            alive = self._gateway.request("/v3/lease/keepalive", keepalive)
+        except (GatewayError, *TRANSPORT_ERRORS) as exc:
+            raise translate(exc, self._url, "extending") from None
+        if int(alive.get("result", {}).get("TTL", 0)) <= 0:
+            self._slot_gone(slot)
+            self._lost(lease, "its etcd lease expired or was revoked")
+            raise LockLost(f"cannot extend {lease.name!r}: its etcd lease expired or was revoked")
+        if moving:
+            self._keeper.move(lease, slot)
+            lease._slot = slot
+        self._keeper.confirmed(slot, start)
+        lease._ttl = ttl
+        return ttl
+
+    def _close(self) -> None:
+        leases, ids = self._drop_all()
+        try:
+            self._revoke(ids)  # deletes every key on them: ours, orphans too
+        except (GatewayError, *TRANSPORT_ERRORS) as exc:
+            self._close_failed(exc, len(leases))
+        finally:
+            self._gateway.close()

@@ -1,0 +1,274 @@
+"""One nats-py connection and the lock bucket: the JetStream requests a lock is made of.
+
+A lock is the last (and only) message of its key's subject in the bucket's stream:
+``$KV.<bucket>.<key>``, holding the owner token.
+
+* **acquire**: publish with ``Nats-Expected-Last-Subject-Sequence: 0`` -- stored only if
+  the subject has no message. Its stream sequence (the key's revision) is the fencing
+  token. A refusal is "held elsewhere", unless the subject's last message is a delete or
+  purge marker that a KV client left: then once more, expecting that marker.
+* **renew** (and extend): publish the token again, expecting the revision we hold; the
+  bucket keeps one message per key, so the new one replaces it and the bucket's TTL runs
+  from now. It carries the fencing token in a header, for ``locks()``.
+* **release**: purge the subject's messages *up to* our revision -- a newer holder's
+  message is never touched, and no marker is left behind for the next acquire.
+
+nats-py is asyncio only: a client belongs to the loop that first uses it. It connects
+without nats-py's reconnection (which would replay buffered publishes later, unseen): a
+lost connection fails the calls in flight, and the next call connects again, bounded by
+``connect_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import nats
+import nats.aio.client
+import nats.errors
+import nats.js
+import nats.js.errors
+from nats.js.api import KeyValueConfig, StorageType
+
+from multilock.errors import MultilockError
+
+from ._config import NatsConfig
+from ._errors import NATS_ERRORS, WRONG_LAST_SEQUENCE
+
+__all__ = ["FENCE_HEADER", "Client", "Holder"]
+
+_log = logging.getLogger("multilock.nats")
+_EXPECT_LAST = "Nats-Expected-Last-Subject-Sequence"
+FENCE_HEADER = "Multilock-Fence"
+_MARKERS = frozenset({"DEL", "PURGE"})
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A key of the bucket as ``locks()`` reports it."""
+
+    key: str
+    token: str
+    revision: int
+    fence: int
+    written: datetime
+    expires: datetime
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py's error callback: the calls that fail report it; nothing to log here."""
+
+
+class Client:
+    """A connection to the NATS servers of a URL, and its bucket, in one event loop."""
+
+    def __init__(self, config: NatsConfig) -> None:
+        self.config = config
+        self.max_age: float | None = None
+        """The bucket's TTL (seconds), once connected."""
+        self._nc: nats.aio.client.Client | None = None
+        self._js: nats.js.JetStreamContext | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def ready(self) -> nats.js.JetStreamContext:
+        """The JetStream context, connecting (and finding or creating the bucket) first
+        if there is no open connection."""
+        nc, js = self._nc, self._js
+        if nc is not None and js is not None and nc.is_connected:
+            return js
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._nc is not None and self._js is not None and self._nc.is_connected:
+                return self._js
+            await self._discard()
+            nc = nats.aio.client.Client()
+            try:
+                async with asyncio.timeout(self.config.connect_timeout):
+                    await nc.connect(
+                        servers=list(self.config.servers),
+                        user=self.config.user,
+                        password=self.config.password,
+                        token=self.config.token,
+                        tls=self.config.ssl_context,
+                        # nats-py annotates these as int; it uses them as seconds, floats fine.
+                        connect_timeout=self.config.connect_timeout,  # type: ignore[arg-type]
+                        allow_reconnect=False,
+                        max_reconnect_attempts=1,
+                        reconnect_time_wait=0.05,  # type: ignore[arg-type]
+                        error_cb=_quiet,
+                        name="multilock",
+                    )
+                    js = nc.jetstream(timeout=self.config.timeout)
+                    if self.max_age is None:
+                        self.max_age = await self._bucket(js)
+            except BaseException:
+                await _close(nc)
+                raise
+            self._nc, self._js = nc, js
+            return js
+
+    async def _bucket(self, js: nats.js.JetStreamContext) -> float:
+        """The bucket's TTL; the bucket is created (one key per name, the URL's
+        ``bucket_ttl``, on disk) when it does not exist."""
+        try:
+            info = await js.stream_info(self.config.stream)
+        except nats.js.errors.NotFoundError:
+            config = KeyValueConfig(
+                bucket=self.config.bucket,
+                description="multilock's locks",
+                history=1,
+                ttl=self.config.bucket_ttl,
+                storage=StorageType.FILE,
+            )
+            try:
+                await js.create_key_value(config)
+            except nats.js.errors.BadRequestError:
+                pass  # created meanwhile by another locker: use it as it is
+            info = await js.stream_info(self.config.stream)
+        max_age = float(info.config.max_age or 0)
+        if max_age <= 0:
+            raise MultilockError(
+                f"bucket {self.config.bucket!r} of {self.config.url.masked} has no TTL:"
+                " the key of a crashed holder would never go. Give it one (nats kv add"
+                " --ttl), or name a bucket that does not exist yet: multilock creates it"
+                " with the URL's bucket_ttl"
+            )
+        return max_age
+
+    async def _publish(self, subject: str, token: bytes, headers: dict[str, str]) -> int:
+        """Publish to JetStream and wait for its acknowledgement: the message's sequence.
+
+        nats-py's ``js.publish`` made by hand: the same request, its answer read without
+        building a ``PubAck`` (a tenth of an uncontended lock cycle, measured).
+        """
+        if self._nc is None or self._js is None or not self._nc.is_connected:
+            await self.ready()
+        assert self._nc is not None
+        try:
+            reply = await self._nc.request(
+                subject, token, timeout=self.config.timeout, headers=headers
+            )
+        except nats.errors.NoRespondersError:
+            raise nats.js.errors.NoStreamResponseError from None
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            nats.js.errors.APIError.from_error(answer["error"])
+        return int(answer["seq"])
+
+    async def acquire(self, subject: str, token: bytes) -> int | None:
+        """Store ``token`` as ``subject``'s only message; its revision, or ``None`` if the
+        subject is held."""
+        try:
+            return await self._publish(subject, token, {_EXPECT_LAST: "0"})
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            last = _last_sequence(exc)
+        if last is None or not await self._is_marker(await self.ready(), last):
+            return None
+        try:  # a delete or purge marker of a KV client: the key is free
+            return await self._publish(subject, token, {_EXPECT_LAST: str(last)})
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            return None
+
+    async def _is_marker(self, js: nats.js.JetStreamContext, sequence: int) -> bool:
+        try:
+            message = await js.get_msg(self.config.stream, seq=sequence)
+        except nats.js.errors.NotFoundError:
+            return False  # gone meanwhile: held by whoever wrote the next one
+        return bool(message.headers and message.headers.get("KV-Operation") in _MARKERS)
+
+    async def renew(self, subject: str, token: bytes, revision: int, fence: int) -> int | None:
+        """Write ``token`` again if ``revision`` is still ``subject``'s last message;
+        the new revision, or ``None`` if it is not (taken, expired or purged)."""
+        headers = {_EXPECT_LAST: str(revision), FENCE_HEADER: str(fence)}
+        try:
+            return await self._publish(subject, token, headers)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            return None
+
+    async def release(self, subject: str, revision: int) -> bool:
+        """Purge ``subject``'s messages up to ``revision``: whether ours was still there."""
+        if self._nc is None or not self._nc.is_connected:
+            await self.ready()
+        assert self._nc is not None
+        request = json.dumps({"filter": subject, "seq": revision + 1}).encode()
+        reply = await self._nc.request(
+            f"$JS.API.STREAM.PURGE.{self.config.stream}", request, timeout=self.config.timeout
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            nats.js.errors.APIError.from_error(answer["error"])
+        return int(answer.get("purged", 0)) > 0
+
+    async def holders(self) -> list[Holder]:
+        """Every key of the bucket under the locker's prefix, with its last message."""
+        js = await self.ready()
+        start = self.config.subjects + self.config.prefix
+        info = await js.stream_info(self.config.stream, subjects_filter=f"{self.config.subjects}>")
+        subjects = [s for s in (info.state.subjects or {}) if s.startswith(start)]
+        max_age = timedelta(seconds=self.max_age or 0)
+        found = []
+        for subject in subjects:
+            try:
+                message = await js.get_last_msg(self.config.stream, subject)
+            except nats.js.errors.NotFoundError:
+                continue  # released meanwhile
+            headers = message.headers or {}
+            if headers.get("KV-Operation") in _MARKERS or message.time is None:
+                continue
+            fence = headers.get(FENCE_HEADER)
+            found.append(
+                Holder(
+                    key=subject[len(self.config.subjects) :],
+                    token=(message.data or b"").decode("utf-8", "replace"),
+                    revision=int(message.seq or 0),
+                    fence=int(fence) if fence else int(message.seq or 0),
+                    written=message.time,
+                    expires=message.time + max_age,
+                )
+            )
+        return found
+
+    async def purge(self, subject: str) -> None:
+        """Purge every message of ``subject`` (the conformance hook's broken lease)."""
+        await self.ready()
+        assert self._nc is not None
+        request = json.dumps({"filter": subject}).encode()
+        await self._nc.request(
+            f"$JS.API.STREAM.PURGE.{self.config.stream}", request, timeout=self.config.timeout
+        )
+
+    async def _discard(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None:
+            await _close(nc)
+
+    async def close(self) -> None:
+        """Close the connection (bounded by the timeout; errors are of no use now)."""
+        await self._discard()
+
+
+def _last_sequence(exc: nats.js.errors.APIError) -> int | None:
+    """The subject's last sequence, from "wrong last sequence: N"."""
+    try:
+        return int(str(exc.description).rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+async def _close(nc: nats.aio.client.Client) -> None:
+    try:
+        async with asyncio.timeout(1.0):
+            await nc.close()
+    except (*NATS_ERRORS, asyncio.CancelledError):
+        pass

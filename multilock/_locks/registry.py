@@ -25,6 +25,8 @@ _EXTRAS = {
     "unix": "redis",
     "zookeeper": "zookeeper",
     "zk": "zookeeper",
+    "etcd": "etcd",
+    "nats": "nats",
 }
 
 _registered: dict[str, Backend] = {}

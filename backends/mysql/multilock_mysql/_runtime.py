@@ -1,0 +1,350 @@
+"""What the generated sync code swaps for the async code: primitives and driver glue.
+
+The locker is written once, for asyncio and aiomysql, under ``_async/``;
+``scripts/unasync.py`` renames ``aiomysql`` to ``pymysql`` and each ``Async*`` or
+``async_*`` name here to its twin when it generates ``_sync/``. Each pair has the
+same shape in both worlds.
+
+The watches read two private attributes of the drivers, the only way to the
+session's socket: PyMySQL's ``Connection._sock`` and aiomysql's
+``Connection._writer`` (the dependencies are pinned below their next major version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import threading
+import time
+import weakref
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "AsyncBound",
+    "AsyncMutex",
+    "AsyncWatch",
+    "Bound",
+    "Mutex",
+    "Watch",
+    "async_hang_up",
+    "async_is_open",
+    "hang_up",
+    "is_open",
+]
+
+_log = logging.getLogger("multilock.mysql")
+
+AsyncMutex = asyncio.Lock
+"""Serializes the tasks sharing one session connection."""
+
+Mutex = threading.Lock
+"""Serializes the threads sharing one session connection."""
+
+
+# -- the bound of one round trip ----------------------------------------------------------
+
+
+class Bound:
+    """``with Bound(seconds):`` around a round trip. Nothing to do in the sync world:
+    the session's socket has PyMySQL's ``read_timeout`` and ``write_timeout`` of the
+    same length, and a read or write past it closes the connection and raises."""
+
+    def __init__(self, seconds: float) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class AsyncBound:
+    """``async with AsyncBound(seconds):`` cancels the block after ``seconds`` and raises
+    :class:`TimeoutError` (aiomysql has no read timeout; cancelled mid-read, it closes
+    its connection, so a session cut this way is gone).
+
+    Timed on the event loop, with a grace: a loop that was itself held up (blocking
+    code in another task) has not read the answer waiting in the socket, which is no
+    fault of the session; a deadline that fires late by more than :attr:`GRACE` gives
+    the block that much more first.
+    """
+
+    GRACE = 0.1
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._timeout = asyncio.timeout(None)
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+        self._arm(asyncio.get_running_loop(), self._seconds)
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        await self._timeout.__aexit__(et, ev, tb)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        self._due = loop.time() + delay
+        self._handle = loop.call_at(self._due, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop.time() - self._due > self.GRACE:
+            self._arm(loop, self.GRACE)
+        else:
+            self._timeout.reschedule(loop.time())
+
+
+# -- connections --------------------------------------------------------------------------
+
+
+def is_open(conn: Any) -> bool:
+    """Whether a PyMySQL connection still has its socket."""
+    return bool(conn.open)
+
+
+def async_is_open(conn: Any) -> bool:
+    """Whether an aiomysql connection still has its socket."""
+    return not conn.closed
+
+
+def hang_up(conn: Any) -> None:
+    """Close a PyMySQL connection (politely if it is open); never raises."""
+    try:
+        if conn.open:
+            conn.close()
+    except Exception:  # closed under us, or a dead socket: gone either way
+        conn._force_close()
+
+
+def async_hang_up(conn: Any) -> None:
+    """Close an aiomysql connection; never raises."""
+    conn.close()
+
+
+# -- the watch: a session's end, seen at once, and the health check -----------------------
+
+# The events of a socket whose peer hung up. POLLRDHUP (Linux) is a FIN alone, so an
+# answer arriving for a round trip never wakes the watch; where there is none, only a
+# reset or an error is seen at once and a plain close waits for the health check.
+_HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+
+
+class Watch:
+    """One daemon thread per locker, started with its first session: it calls
+    ``ended(conn)`` the moment the server hangs up the session of ``conn`` (a KILL, a
+    shutdown, ``wait_timeout``) -- nobody reads an idle session's socket, so nothing
+    else would notice before the next call -- and ``check()`` every ``interval``
+    seconds, off the callers' threads, so that a caller blocked in a long job cannot
+    delay the health check. The thread holds the owner only weakly: a locker dropped
+    without ``close()`` does not keep a thread alive.
+    """
+
+    def __init__(
+        self,
+        ended: Callable[[Any], None],
+        check: Callable[[], None],
+        interval: float,
+        name: str,
+    ) -> None:
+        self._ended = weakref.WeakMethod(ended)
+        self._check = weakref.WeakMethod(check)
+        self._interval = interval
+        self._name = name
+        self._conn: Any = None
+        self._generation = 0  # bumped by each watch(): a new session to look at
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = -1, -1
+
+    def watch(self, conn: Any) -> None:
+        """Look at ``conn``'s socket from now on (``None``: at nothing)."""
+        self._conn = conn
+        self._generation += 1
+        if self._thread is None:
+            if conn is None or self._stopped:
+                return
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_w, False)
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        else:
+            self._wake()
+
+    def ensure_running(self) -> None:
+        """Nothing to do: the thread runs until stopped (the async twin may need to)."""
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:  # full (a wake-up is pending anyway) or closed (stopped)
+            pass
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        watched: int | None = None
+        conn: Any = None  # the connection of the watched socket
+        seen = -1  # the generation whose socket was registered, or hung up
+        due = time.monotonic() + self._interval
+        try:
+            while not self._stopped:
+                if seen != self._generation:
+                    if watched is not None:
+                        poller.unregister(watched)
+                        watched = None
+                    seen, conn = self._generation, self._conn
+                    sock = None if conn is None else conn._sock
+                    if sock is not None and sock.fileno() >= 0:
+                        watched = sock.fileno()
+                        poller.register(watched, _HANGUP)
+                wait = max(0.0, due - time.monotonic())
+                for fd, _ in poller.poll(wait * 1000):
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 4096)
+                    elif fd == watched and not self._stopped:
+                        poller.unregister(fd)  # level-triggered: once is enough
+                        watched = None
+                        self._call(self._ended, conn)
+                if time.monotonic() >= due and not self._stopped:
+                    self._call(self._check)
+                    due = time.monotonic() + self._interval
+        finally:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _call(self, method: weakref.WeakMethod[Callable[..., None]], *args: Any) -> None:
+        bound = method()
+        if bound is None:  # the owner is gone
+            self._stopped = True
+            return
+        try:
+            bound(*args)
+        except Exception:  # the watch must outlive one bad call
+            _log.exception("MySQL session watch failed")
+
+    def stop(self) -> None:
+        """Stop the thread and wait for a call in progress (unless called from it).
+        Call it without holding the locker's mutex."""
+        self._stopped = True
+        thread = self._thread
+        if thread is not None:
+            self._wake()
+            if threading.current_thread() is not thread:
+                thread.join()
+
+
+class _Hangup(asyncio.Protocol):
+    """Stands between a transport and aiomysql's protocol, passing everything on, and
+    says when the peer ends the connection."""
+
+    def __init__(self, inner: Any, ended: Callable[[], None]) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        self._ended()
+        return self._inner.eof_received()  # type: ignore[no-any-return]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended()
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class AsyncWatch:
+    """:class:`Watch` on the running event loop: the session's transport tells at once
+    when the server hangs up (its protocol is wrapped, so no read is added), and a task
+    awaits ``check()`` every ``interval`` seconds."""
+
+    def __init__(
+        self,
+        ended: Callable[[Any], Coroutine[Any, Any, None]],
+        check: Callable[[], Coroutine[Any, Any, None]],
+        interval: float,
+        name: str,
+    ) -> None:
+        self._ended = weakref.WeakMethod(ended)
+        self._check = weakref.WeakMethod(check)
+        self._interval = interval
+        self._name = name
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._endings: set[asyncio.Task[None]] = set()
+
+    def watch(self, conn: Any) -> None:
+        """Be told when the server ends ``conn``'s session (``None``: nothing to do)."""
+        self.ensure_running()
+        if conn is None:
+            return
+        transport = conn._writer.transport
+        loop = asyncio.get_running_loop()
+        told = False
+
+        def ended() -> None:
+            nonlocal told
+            method = self._ended()
+            if told or method is None or self._stop.is_set():
+                return
+            told = True
+            task = loop.create_task(method(conn), name=f"{self._name}-ended")
+            self._endings.add(task)
+            task.add_done_callback(self._endings.discard)
+
+        transport.set_protocol(_Hangup(transport.get_protocol(), ended))
+
+    def ensure_running(self) -> None:
+        """Start the health task in the running loop unless it runs there: a locker
+        may outlive one ``asyncio.run()`` and be used in the next."""
+        if self._stop.is_set():
+            return
+        if self._task is None or self._task.done():
+            loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._task = loop.create_task(self._run(), name=self._name)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), self._interval)
+                return
+            except TimeoutError:
+                pass
+            check = self._check()
+            if check is None:
+                return
+            try:
+                await check()
+            except Exception:  # a health check must never die of one bad tick
+                _log.exception("MySQL session health check failed")
+            del check
+
+    async def stop(self) -> None:
+        """Stop the health task and wait for a check in progress (unless called from it)."""
+        self._stop.set()
+        task = self._task
+        if task is not None and asyncio.current_task() is not task and not task.done():
+            try:
+                await task
+            except RuntimeError:  # the task belongs to a loop that is gone
+                pass

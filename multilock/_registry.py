@@ -25,6 +25,8 @@ _EXTRAS = {
     "unix": "redis",
     "zookeeper": "zookeeper",
     "zk": "zookeeper",
+    "mysql": "mysql",
+    "mariadb": "mysql",
 }
 
 _registered: dict[str, Backend] = {}

@@ -28,6 +28,7 @@ DEFAULT_URLS = {
     "postgres": "postgresql://postgres@127.0.0.1:5432/test",
     "redis": "redis://127.0.0.1:6379/15",
     "zookeeper": "zookeeper://127.0.0.1:2181/multilock-test",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
 }
 DOCKER_ENV = "MULTILOCK_DOCKER"
 
@@ -36,6 +37,7 @@ _DOCKER_SERVICES = {
     "postgres": (5432, "postgresql://postgres@{host}:{port}/test"),
     "redis": (6379, "redis://{host}:{port}/15"),
     "zookeeper": (2181, "zookeeper://{host}:{port}/multilock-test"),
+    "mysql": (3306, "mysql://root@{host}:{port}/test"),
 }
 _DOCKER_START_TIMEOUT = 120.0
 
@@ -46,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--docker",
         action="store_true",
         default=False,
-        help=f"run PostgreSQL, Redis and ZooKeeper from docker-compose.yml (env {DOCKER_ENV}=1)",
+        help=f"run the servers from docker-compose.yml (env {DOCKER_ENV}=1)",
     )
 
 
@@ -115,6 +117,12 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 def zookeeper_url(request: pytest.FixtureRequest) -> str:
     """A reachable ZooKeeper lock URL (``MULTILOCK_ZOOKEEPER_URL``)."""
     return _url(request, "zookeeper")
+
+
+@pytest.fixture(scope="session")
+def mysql_url(request: pytest.FixtureRequest) -> str:
+    """A reachable MySQL/MariaDB lock URL (``MULTILOCK_MYSQL_URL``)."""
+    return _url(request, "mysql")
 
 
 @pytest.fixture(scope="session")

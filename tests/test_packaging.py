@@ -32,6 +32,7 @@ def test_every_distribution_is_found() -> None:
         "multilock-postgres",
         "multilock-redis",
         "multilock-zookeeper",
+        "multilock-mysql",
         "multilock-sqlite",
     }
 

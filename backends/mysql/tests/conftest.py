@@ -102,7 +102,8 @@ class PrivateServer:
     or reconfigure their server. ``url`` reaches it as root without a password."""
 
     def __init__(self, root: Path, *extra: str) -> None:
-        assert SERVER is not None and INSTALL_DB is not None
+        assert SERVER is not None
+        assert INSTALL_DB is not None
         self.root = root
         self.port = _free_port()
         self.extra = extra
@@ -151,7 +152,8 @@ class PrivateServer:
     def answers(self) -> bool:
         """Whether the server takes a connection."""
         try:
-            pymysql.connect(host="127.0.0.1", port=self.port, user="root", connect_timeout=1).close()
+            conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", connect_timeout=1)
+            conn.close()
         except pymysql.err.MySQLError:
             return False
         return True

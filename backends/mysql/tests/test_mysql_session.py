@@ -29,8 +29,8 @@ def test_hundred_leases_use_one_session(
         leases += locker.try_acquire_many(_names(40)).values()
         assert all(lease is not None for lease in leases)
         assert len(leases) == 100
-        assert {holder(lease.key) for lease in leases if lease} == {locker.connection_id}
-    assert {holder(lease.key) for lease in leases if lease} == {None}
+        assert {holder(lock_key(lease.name)) for lease in leases if lease} == {locker.connection_id}
+    assert {holder(lock_key(lease.name)) for lease in leases if lease} == {None}
 
 
 def test_async_hundred_leases_use_one_session(
@@ -41,7 +41,9 @@ def test_async_hundred_leases_use_one_session(
             assert isinstance(locker, AsyncMySQLLocker)
             leases = await asyncio.gather(*(locker.try_acquire(n) for n in _names(100)))
             assert all(lease is not None for lease in leases)
-            assert {holder(lease.key) for lease in leases if lease} == {locker.connection_id}
+            assert {holder(lock_key(lease.name)) for lease in leases if lease} == {
+                locker.connection_id
+            }
 
     asyncio.run(main())
 
@@ -110,9 +112,9 @@ def test_batch_takes_each_granted_key_once(
             assert tokens == [None] * len(leases)
         assert locker.try_acquire_many(elsewhere) == dict.fromkeys(elsewhere)
         for lease in leases:
-            assert holder(lease.key) == locker.connection_id
+            assert holder(lock_key(lease.name)) == locker.connection_id
             assert lease.release() is True
-            assert holder(lease.key) is None  # one release frees it: never taken twice
+            assert holder(lock_key(lease.name)) is None  # one release frees it: never taken twice
         for name in elsewhere:
             assert holder(lock_key(name)) == other.connection_id
 

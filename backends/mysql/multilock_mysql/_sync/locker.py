@@ -158,6 +158,8 @@ class MySQLLocker(LockerBase):
                 granted = _sql.answers(grants, len(keys))
                 count = sum(granted)
                 if count and changed != 1:
+                    taken = [key for key, g in zip(keys, granted, strict=True) if g]
+                    self._ask(_sql.unlock_many(taken), lost, "release", reconnect=False)
                     raise ConfigurationError(
                         f"MySQL at {self.url}: the fencing sequence table {fence} has lost its"
                         f" row id={_sql.FENCE_ROW}; tokens cannot be handed out"

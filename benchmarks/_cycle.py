@@ -52,6 +52,7 @@ _SERVERS = {
     "postgresql": ("MULTILOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     "redis": ("MULTILOCK_REDIS_URL", "redis://127.0.0.1:6379/15"),
     "zookeeper": ("MULTILOCK_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181/multilock-test"),
+    "mysql": ("MULTILOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 }
 
 

@@ -32,6 +32,7 @@ import _report
 import connections
 import contention
 import many_locks
+import mysql_cycle
 import postgres_cycle
 import redis_cycle
 import scheduler_load
@@ -46,6 +47,7 @@ _CYCLES = {
     "postgresql": postgres_cycle,
     "redis": redis_cycle,
     "zookeeper": zookeeper_cycle,
+    "mysql": mysql_cycle,
 }
 
 

@@ -39,13 +39,15 @@ SERVER_ENV = {
     "rediss": "MULTILOCK_REDIS_URL",
     "zookeeper": "MULTILOCK_ZOOKEEPER_URL",
     "zk": "MULTILOCK_ZOOKEEPER_URL",
+    "mysql": "MULTILOCK_MYSQL_URL",
+    "mariadb": "MULTILOCK_MYSQL_URL",
 }
 """The environment variable that names the test server of each scheme samples use."""
 
 _FENCE = re.compile(r"^```(\w+)?(.*)$")
 _DIRECTIVE = re.compile(r"^<!--\s*(test|source):\s*(.*?)\s*-->$")
 _URL = re.compile(
-    r"""(?P<q>["'])(?P<scheme>postgresql|postgres|redis|rediss|zookeeper|zk|file)://"""
+    r"""(?P<q>["'])(?P<scheme>postgresql|postgres|redis|rediss|zookeeper|zk|mysql|mariadb|file)://"""
     r"""[^"'?]*(?P<query>\?[^"']*)?(?P=q)"""
 )
 _SECTION = re.compile(r"^(?P<path>[^:]+)(?::(?P<section>[\w-]+))?$")

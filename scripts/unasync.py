@@ -75,6 +75,7 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "async_hang_up": "hang_up",
             "async_is_open": "is_open",
             "AsyncBound": "Bound",
+            "AsyncGuard": "Guard",
             "AsyncMutex": "Mutex",
             "AsyncWatch": "Watch",
             "AsyncMySQLLease": "MySQLLease",

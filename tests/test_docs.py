@@ -43,6 +43,8 @@ _FIXTURES = {
     "rediss": "redis_url",
     "zookeeper": "zookeeper_url",
     "zk": "zookeeper_url",
+    "mysql": "mysql_url",
+    "mariadb": "mysql_url",
     "file": "file_url",
 }
 _CHECKED_COMMANDS = ("multilock key", "multilock next")

@@ -25,9 +25,11 @@ from typing import Any
 
 __all__ = [
     "AsyncBound",
+    "AsyncGuard",
     "AsyncMutex",
     "AsyncWatch",
     "Bound",
+    "Guard",
     "Mutex",
     "Watch",
     "async_hang_up",
@@ -102,6 +104,74 @@ class AsyncBound:
             self._arm(loop, self.GRACE)
         else:
             self._timeout.reschedule(loop.time())
+
+
+class Guard:
+    """Bounds every round trip of one session (``with guard:``). Nothing to do in the
+    sync world, as for :class:`Bound`: the socket's timeouts do it."""
+
+    expired = False
+    """Whether the last round trip was cut for taking too long (never, here)."""
+
+    def __init__(self, seconds: float, cut: Callable[[], None]) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class AsyncGuard:
+    """Bounds every round trip of one session (``async with guard:``) by ``seconds``:
+    past it, ``cut()`` closes the session's connection, which fails the read in flight,
+    and :attr:`expired` says why.
+
+    :class:`AsyncBound` for each round trip would cost a timeout and a timer each
+    (about 5 µs). This keeps one timer per session instead, re-armed only when it
+    fires: a round trip just notes when it started. The same grace as
+    :class:`AsyncBound` applies when the event loop itself was late.
+    """
+
+    GRACE = AsyncBound.GRACE
+
+    def __init__(self, seconds: float, cut: Callable[[], None]) -> None:
+        self._seconds = seconds
+        self._cut = cut
+        self._started: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.expired = False
+        """Whether the last round trip was cut for taking too long."""
+
+    async def __aenter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.expired = False
+        self._started = now = loop.time()
+        if self._timer is None or self._loop is not loop:  # none, or one of an ended loop
+            self._arm(loop, now + self._seconds)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._started = None
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self._loop = loop
+        self._timer = loop.call_at(due, self._fire, loop, due)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self._timer = None
+        started = self._started
+        if started is None:
+            return  # idle: the next round trip arms it again
+        now = loop.time()
+        if now - due > self.GRACE:
+            self._arm(loop, now + self.GRACE)  # the loop was held up: let it read first
+        elif now < started + self._seconds:
+            self._arm(loop, started + self._seconds)  # a later round trip: its own due time
+        else:
+            self.expired = True
+            self._cut()
 
 
 # -- connections --------------------------------------------------------------------------

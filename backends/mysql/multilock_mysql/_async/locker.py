@@ -26,7 +26,14 @@ from .. import _introspect, _sql
 from .._config import Settings, parse_settings
 from .._errors import driver_error, fencing_error
 from .._keys import KeyNames
-from .._runtime import AsyncBound, AsyncMutex, AsyncWatch, async_hang_up, async_is_open
+from .._runtime import (
+    AsyncBound,
+    AsyncGuard,
+    AsyncMutex,
+    AsyncWatch,
+    async_hang_up,
+    async_is_open,
+)
 
 __all__ = ["AsyncMySQLLease", "AsyncMySQLLocker"]
 
@@ -86,6 +93,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
         self._held: dict[str, AsyncMySQLLease] = {}
         self._suspects: set[str] = set()
         self._keys = KeyNames(settings.prefix)
+        self._guard = AsyncGuard(settings.health_timeout, self._cut)
         self._watch = AsyncWatch(
             self._session_ended,
             self._health_check,
@@ -284,7 +292,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 cursor = await self._connect()
                 retry = False
             try:
-                async with AsyncBound(self._settings.health_timeout):
+                async with self._guard:
                     if self._suspects:
                         await self._release_suspects(cursor)
                     await cursor.execute(query)
@@ -293,7 +301,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
                     row: tuple[Any, ...] = await cursor.fetchone()
                     return row
             except _DRIVER_ERRORS as exc:
-                hung = _timed_out(exc)
+                hung = self._guard.expired or _timed_out(exc)
                 if not hung and self._conn is not None and async_is_open(self._conn):
                     raise driver_error(self._settings.url, exc, doing) from None
                 timeout = self._settings.health_timeout
@@ -308,6 +316,12 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 if not retry:
                     raise driver_error(self._settings.url, exc, doing) from None
                 retry = False
+
+    def _cut(self) -> None:
+        """A round trip outlived ``health_timeout``: close the connection, which fails
+        the read in flight (``_ask`` then drops the session and says why)."""
+        if self._conn is not None:
+            async_hang_up(self._conn)
 
     async def _release_suspects(self, cursor: Any) -> None:
         keys = [key for key in self._suspects if key not in self._held]

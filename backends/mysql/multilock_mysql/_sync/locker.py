@@ -29,7 +29,14 @@ from .. import _introspect, _sql
 from .._config import Settings, parse_settings
 from .._errors import driver_error, fencing_error
 from .._keys import KeyNames
-from .._runtime import Bound, Mutex, Watch, hang_up, is_open
+from .._runtime import (
+    Bound,
+    Guard,
+    Mutex,
+    Watch,
+    hang_up,
+    is_open,
+)
 
 __all__ = ["MySQLLease", "MySQLLocker"]
 
@@ -89,6 +96,7 @@ class MySQLLocker(LockerBase):
         self._held: dict[str, MySQLLease] = {}
         self._suspects: set[str] = set()
         self._keys = KeyNames(settings.prefix)
+        self._guard = Guard(settings.health_timeout, self._cut)
         self._watch = Watch(
             self._session_ended,
             self._health_check,
@@ -285,7 +293,7 @@ class MySQLLocker(LockerBase):
                 cursor = self._connect()
                 retry = False
             try:
-                with Bound(self._settings.health_timeout):
+                with self._guard:
                     if self._suspects:
                         self._release_suspects(cursor)
                     cursor.execute(query)
@@ -294,7 +302,7 @@ class MySQLLocker(LockerBase):
                     row: tuple[Any, ...] = cursor.fetchone()
                     return row
             except _DRIVER_ERRORS as exc:
-                hung = _timed_out(exc)
+                hung = self._guard.expired or _timed_out(exc)
                 if not hung and self._conn is not None and is_open(self._conn):
                     raise driver_error(self._settings.url, exc, doing) from None
                 timeout = self._settings.health_timeout
@@ -309,6 +317,12 @@ class MySQLLocker(LockerBase):
                 if not retry:
                     raise driver_error(self._settings.url, exc, doing) from None
                 retry = False
+
+    def _cut(self) -> None:
+        """A round trip outlived ``health_timeout``: close the connection, which fails
+        the read in flight (``_ask`` then drops the session and says why)."""
+        if self._conn is not None:
+            hang_up(self._conn)
 
     def _release_suspects(self, cursor: Any) -> None:
         keys = [key for key in self._suspects if key not in self._held]

@@ -120,12 +120,17 @@ class AsyncMySQLLocker(AsyncLockerBase):
             async with self._mutex:
                 if key in self._held:
                     return None  # this session holds it: re-entry would be a second owner
-                granted, fences = await self._lock([key], lost)
-                if not granted[0]:
+                if self._settings.fence is None:  # the hot path: one key, one answer
+                    granted, fence = await self._lock_one(key, lost) == 1, None
+                else:
+                    grants, fences = await self._lock([key], lost)
+                    granted, fence = grants[0], fences[0]
+                if not granted:
                     return None
-                return self._grant(name, key, _new_token(), fences[0], datetime.now(UTC))
+                return self._grant(name, key, _new_token(), fence, datetime.now(UTC))
         finally:
-            _fire(lost)
+            if lost:
+                _fire(lost)
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float
@@ -150,7 +155,19 @@ class AsyncMySQLLocker(AsyncLockerBase):
                         result[name] = None
                 return result
         finally:
-            _fire(lost)
+            if lost:
+                _fire(lost)
+
+    async def _lock_one(self, key: str, lost: _Lost) -> Any:
+        """``GET_LOCK`` of one key without fencing: its answer (``1``: granted). Should
+        the answer be lost on a session that lives on, the key is suspect (see below)."""
+        try:
+            (answer,) = await self._ask(_sql.lock(key), lost, "try_acquire")
+        except BaseException:
+            if self._conn is not None:
+                self._suspects.add(key)
+            raise
+        return answer
 
     async def _lock(self, keys: list[str], lost: _Lost) -> tuple[list[bool], list[int | None]]:
         """Ask for ``keys`` in one round trip: whether each was granted, and its fencing
@@ -173,9 +190,6 @@ class AsyncMySQLLocker(AsyncLockerBase):
                     )
                 tokens = iter(range(int(last) - count + 1, int(last) + 1))
                 return granted, [next(tokens) if g else None for g in granted]
-            if len(keys) == 1:
-                (answer,) = await self._ask(_sql.lock(keys[0]), lost, "try_acquire")
-                return [answer == 1], [None]
             (grants,) = await self._ask(_sql.lock_many(keys), lost, "try_acquire")
             return _sql.answers(grants, len(keys)), [None] * len(keys)
         except BaseException:
@@ -204,30 +218,27 @@ class AsyncMySQLLocker(AsyncLockerBase):
         lost: _Lost = []
         try:
             async with self._mutex:
-                held = [lease for lease in leases if self._held.get(lease.key) is lease]
-                if not held:
+                keys = [lease.key for lease in leases if self._held.get(lease.key) is lease]
+                if not keys:
                     return 0
-                one = len(held) == 1
-                what = f"key {held[0].key!r}" if one else f"{len(held)} keys"
-                keys = [lease.key for lease in held]
+                one = len(keys) == 1
                 query = _sql.unlock(keys[0]) if one else _sql.unlock_many(keys)
                 try:
                     (answer,) = await self._ask(query, lost, "release", reconnect=False)
                 except MultilockError as exc:
                     # A dead session took the locks with it. A live one that failed to
                     # answer keeps the keys tracked, to be released on close.
-                    _log.warning("releasing user-level lock %s: %s", what, exc)
+                    _log.warning("releasing user-level locks %s: %s", keys, exc)
                     return 0
-                for lease in held:
-                    del self._held[lease.key]
-                freed = int(answer == 1) if one else sum(_sql.answers(answer, len(held)))
-                if freed != len(held):
-                    _log.error(
-                        "user-level lock %s: %d not held by the session", what, len(held) - freed
-                    )
+                for key in keys:
+                    del self._held[key]
+                freed = int(answer == 1) if one else sum(_sql.answers(answer, len(keys)))
+                if freed != len(keys):
+                    _log.error("locks %s: %d not held by the session", keys, len(keys) - freed)
                 return freed
         finally:
-            _fire(lost)
+            if lost:
+                _fire(lost)
 
     # -- health -------------------------------------------------------------------------
 
@@ -296,8 +307,9 @@ class AsyncMySQLLocker(AsyncLockerBase):
                     if self._suspects:
                         await self._release_suspects(cursor)
                     await cursor.execute(query)
-                    for _ in range(results - 1):
-                        await cursor.nextset()
+                    if results > 1:
+                        for _ in range(results - 1):
+                            await cursor.nextset()
                     row: tuple[Any, ...] = await cursor.fetchone()
                     return row
             except _DRIVER_ERRORS as exc:

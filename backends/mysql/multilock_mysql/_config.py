@@ -34,6 +34,7 @@ _OPTIONS = OptionParser(
         "connect_timeout": _bounded,
         "health_interval": _bounded,
         "health_timeout": _bounded,
+        "timeout": _bounded,
         "fencing": as_bool,
         "fencing_table": as_str,
         "password": as_str,
@@ -46,6 +47,7 @@ _OPTIONS = OptionParser(
         "connect_timeout": 5.0,
         "health_interval": 5.0,
         "health_timeout": 1.0,
+        "timeout": 5.0,
         "fencing": False,
         "fencing_table": "multilock_fence",
         "prefix": "",
@@ -72,6 +74,9 @@ class Settings:
     connect_timeout: float
     health_interval: float
     health_timeout: float
+    """The bound of the health check's ``SELECT 1``."""
+    timeout: float
+    """The bound of every other round trip on the session."""
     prefix: str
     fence: FenceTable | None
     """The sequence table fencing tokens come from, or ``None`` when fencing is off."""
@@ -94,12 +99,12 @@ class Settings:
 
     def sync_connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``pymysql.connect``: every read and write on the
-        session's socket is bounded by ``health_timeout``."""
+        session's socket is bounded by ``timeout`` (the health check shortens it)."""
         return {
             **self._common(),
             "database": self.database,
-            "read_timeout": self.health_timeout,
-            "write_timeout": self.health_timeout,
+            "read_timeout": self.timeout,
+            "write_timeout": self.timeout,
         }
 
     def async_connect_kwargs(self) -> dict[str, Any]:
@@ -149,7 +154,6 @@ def parse_settings(url: LockURL) -> Settings:
             f"{url.scheme}:// URL {url.masked!r}: fencing=true needs a database for its table:"
             " name one in the URL's path, or give fencing_table=database.table"
         )
-    timeout = float(values["health_timeout"])
     return Settings(
         url=url,
         host=url.host or "127.0.0.1",
@@ -161,7 +165,8 @@ def parse_settings(url: LockURL) -> Settings:
         program_name=values.get("program_name") or default_program_name(),
         connect_timeout=float(values["connect_timeout"]),
         health_interval=float(values["health_interval"]),
-        health_timeout=timeout,
+        health_timeout=float(values["health_timeout"]),
+        timeout=float(values["timeout"]),
         prefix=prefix,
         fence=FenceTable(schema, name) if values["fencing"] else None,
         ttl=float(values["ttl"]),

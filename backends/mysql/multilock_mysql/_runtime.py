@@ -51,9 +51,10 @@ Mutex = threading.Lock
 
 
 class Bound:
-    """``with Bound(seconds):`` around a round trip. Nothing to do in the sync world:
-    the session's socket has PyMySQL's ``read_timeout`` and ``write_timeout`` of the
-    same length, and a read or write past it closes the connection and raises."""
+    """``with Bound(seconds):`` around a call. Nothing to do in the sync world: PyMySQL's
+    ``connect_timeout`` bounds connecting, and the session's socket has its
+    ``read_timeout`` and ``write_timeout``; a read or write past them closes the
+    connection and raises."""
 
     def __init__(self, seconds: float) -> None:
         pass
@@ -65,56 +66,23 @@ class Bound:
         pass
 
 
-class AsyncBound:
-    """``async with AsyncBound(seconds):`` cancels the block after ``seconds`` and raises
-    :class:`TimeoutError` (aiomysql has no read timeout; cancelled mid-read, it closes
-    its connection, so a session cut this way is gone).
-
-    Timed on the event loop, with a grace: a loop that was itself held up (blocking
-    code in another task) has not read the answer waiting in the socket, which is no
-    fault of the session; a deadline that fires late by more than :attr:`GRACE` gives
-    the block that much more first.
-    """
-
-    GRACE = 0.1
-
-    def __init__(self, seconds: float) -> None:
-        self._seconds = seconds
-        self._timeout = asyncio.timeout(None)
-        self._handle: asyncio.TimerHandle | None = None
-        self._due = 0.0
-
-    async def __aenter__(self) -> None:
-        await self._timeout.__aenter__()
-        self._arm(asyncio.get_running_loop(), self._seconds)
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        await self._timeout.__aexit__(et, ev, tb)
-
-    def _arm(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
-        self._due = loop.time() + delay
-        self._handle = loop.call_at(self._due, self._fire, loop)
-
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        if loop.time() - self._due > self.GRACE:
-            self._arm(loop, self.GRACE)
-        else:
-            self._timeout.reschedule(loop.time())
-
-
 class Guard:
-    """Bounds every round trip of one session (``with guard:``). Nothing to do in the
-    sync world, as for :class:`Bound`: the socket's timeouts do it."""
+    """Bounds each round trip of one session: ``with guard.until(seconds, conn):``.
+    PyMySQL's socket timeouts do the work; this sets them to ``seconds`` for the round
+    trip (PyMySQL applies a change on its next read or write)."""
 
     expired = False
-    """Whether the last round trip was cut for taking too long (never, here)."""
+    """Whether the last round trip was cut for taking too long (never here: PyMySQL
+    raises for its own socket timeouts)."""
 
-    def __init__(self, seconds: float, cut: Callable[[], None]) -> None:
+    def __init__(self, cut: Callable[[], None]) -> None:
         pass
+
+    def until(self, seconds: float, conn: Any) -> Guard:
+        """Bound the next round trip on ``conn`` by ``seconds``."""
+        if conn._read_timeout != seconds:
+            conn._read_timeout = conn._write_timeout = seconds
+        return self
 
     def __enter__(self) -> None:
         pass
@@ -124,20 +92,22 @@ class Guard:
 
 
 class AsyncGuard:
-    """Bounds every round trip of one session (``async with guard:``) by ``seconds``:
-    past it, ``cut()`` closes the session's connection, which fails the read in flight,
-    and :attr:`expired` says why.
+    """Bounds each round trip of one session: ``async with guard.until(seconds, conn):``
+    -- past ``seconds``, ``cut()`` closes the session's connection, which fails the read
+    in flight, and :attr:`expired` says why.
 
-    :class:`AsyncBound` for each round trip would cost a timeout and a timer each
-    (about 5 µs). This keeps one timer per session instead, re-armed only when it
-    fires: a round trip just notes when it started. The same grace as
-    :class:`AsyncBound` applies when the event loop itself was late.
+    A timeout and a timer for each round trip would cost about 5 µs each time. This
+    keeps one timer per session instead, re-armed only when it fires: a round trip just
+    notes when it started.
     """
 
-    GRACE = AsyncBound.GRACE
+    GRACE = 0.1
+    """Seconds more for a round trip when the timer fired late by more than this: a loop
+    that was itself held up (blocking code in another task) has not read the answer
+    waiting in the socket, which is no fault of the session."""
 
-    def __init__(self, seconds: float, cut: Callable[[], None]) -> None:
-        self._seconds = seconds
+    def __init__(self, cut: Callable[[], None]) -> None:
+        self._seconds = 0.0  # of the round trip in flight
         self._cut = cut
         self._started: float | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -145,15 +115,31 @@ class AsyncGuard:
         self.expired = False
         """Whether the last round trip was cut for taking too long."""
 
+    def until(self, seconds: float, conn: Any) -> AsyncGuard:
+        """Bound the next round trip by ``seconds``."""
+        self._seconds = seconds
+        return self
+
     async def __aenter__(self) -> None:
         loop = asyncio.get_running_loop()
         self.expired = False
         self._started = now = loop.time()
+        due = now + self._seconds
         if self._timer is None or self._loop is not loop:  # none, or one of an ended loop
-            self._arm(loop, now + self._seconds)
+            self._arm(loop, due)
+        elif self._timer.when() > due:  # armed for a longer round trip than this one
+            self._timer.cancel()
+            self._arm(loop, due)
 
     async def __aexit__(self, *exc: object) -> None:
         self._started = None
+
+    def cancel(self) -> None:
+        """Drop the timer: for a guard used once."""
+        self._started = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         self._loop = loop
@@ -172,6 +158,30 @@ class AsyncGuard:
         else:
             self.expired = True
             self._cut()
+
+
+class AsyncBound:
+    """``async with AsyncBound(seconds):`` cancels the block after ``seconds`` and raises
+    :class:`TimeoutError`: for the rare calls that have no connection to cut yet
+    (connecting) or of their own (``locks()``, ``close()``). An :class:`AsyncGuard` keeps
+    the time, with its grace for a late event loop."""
+
+    def __init__(self, seconds: float) -> None:
+        self._timeout = asyncio.timeout(None)
+        self._guard = AsyncGuard(self._expire).until(seconds, None)
+
+    def _expire(self) -> None:
+        self._timeout.reschedule(asyncio.get_running_loop().time())
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+        await self._guard.__aenter__()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._guard.cancel()
+        await self._timeout.__aexit__(et, ev, tb)
 
 
 # -- connections --------------------------------------------------------------------------

@@ -5,8 +5,8 @@ runs in autocommit, so a lock lives exactly as long as the session. ``GET_LOCK``
 re-entrant per session, so the locker tracks what it holds by key: a second
 acquirer of a held key in this process gets ``None``, and each key is released
 exactly once. Every use of the connection is serialized by one mutex, held only
-across a single round trip (or a connect), and every round trip is bounded by
-``health_timeout``.
+across a single round trip (or a connect), and every round trip is bounded: by
+``health_timeout`` for the health check, ``timeout`` for the others.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
         self._held: dict[str, AsyncMySQLLease] = {}
         self._suspects: set[str] = set()
         self._keys = KeyNames(settings.prefix)
-        self._guard = AsyncGuard(settings.health_timeout, self._cut)
+        self._guard = AsyncGuard(self._cut)
         self._watch = AsyncWatch(
             self._session_ended,
             self._health_check,
@@ -259,14 +259,14 @@ class AsyncMySQLLocker(AsyncLockerBase):
 
     async def _health_check(self) -> None:
         """Every ``health_interval``, with leases held: one round trip on the session,
-        bounded by ``health_timeout`` like any other. A session that does not answer in
+        bounded by ``health_timeout``. A session that does not answer in
         time is cut off and its leases reported lost, even where TCP would not notice
         (a hung server or proxy, a cut network)."""
         lost: _Lost = []
         try:
             async with self._mutex:
                 if self._held and self._cursor is not None:
-                    await self._ask("SELECT 1", lost, "health check", reconnect=False)
+                    await self._ask("SELECT 1", lost, "health check", reconnect=False, health=True)
         except MultilockError as exc:
             _log.debug("MySQL session health check: %s", exc)
         finally:
@@ -286,14 +286,24 @@ class AsyncMySQLLocker(AsyncLockerBase):
     # -- the session --------------------------------------------------------------------
 
     async def _ask(
-        self, query: str, lost: _Lost, doing: str, *, results: int = 1, reconnect: bool = True
+        self,
+        query: str,
+        lost: _Lost,
+        doing: str,
+        *,
+        results: int = 1,
+        reconnect: bool = True,
+        health: bool = False,
     ) -> tuple[Any, ...]:
         """One round trip on the session, connecting first if needed: the one row of the
         last of ``results`` result sets. Caller holds the mutex. If an established
         session turns out dead, its leases go to ``lost`` and, when ``reconnect``, the
         query is asked once more on a new session: the old session's locks died with
-        it, so nothing is granted twice. A session that did not answer in time is not
-        asked again: a new one would most likely hang the same way."""
+        it, so nothing is granted twice. A session that did not answer in time (within
+        ``timeout``, or ``health_timeout`` for the ``health`` check) is not asked again:
+        a new one would most likely hang the same way."""
+        settings = self._settings
+        timeout = settings.health_timeout if health else settings.timeout
         retry = reconnect
         while True:
             cursor = self._cursor
@@ -303,7 +313,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 cursor = await self._connect()
                 retry = False
             try:
-                async with self._guard:
+                async with self._guard.until(timeout, self._conn):
                     if self._suspects:
                         await self._release_suspects(cursor)
                     await cursor.execute(query)
@@ -316,7 +326,6 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 hung = self._guard.expired or _timed_out(exc)
                 if not hung and self._conn is not None and async_is_open(self._conn):
                     raise driver_error(self._settings.url, exc, doing) from None
-                timeout = self._settings.health_timeout
                 reason = (
                     f"the MySQL session did not answer within {timeout:g} s"
                     if hung
@@ -330,7 +339,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 retry = False
 
     def _cut(self) -> None:
-        """A round trip outlived ``health_timeout``: close the connection, which fails
+        """A round trip outlived its bound: close the connection, which fails
         the read in flight (``_ask`` then drops the session and says why)."""
         if self._conn is not None:
             async_hang_up(self._conn)
@@ -348,7 +357,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
             raise MultilockError(f"{self!r} is closed")
         conn: Any = None
         try:
-            async with AsyncBound(settings.connect_timeout + settings.health_timeout):
+            async with AsyncBound(settings.connect_timeout + settings.timeout):
                 conn = await aiomysql.connect(**settings.async_connect_kwargs())
                 cursor = await conn.cursor()
                 if settings.fence is not None:
@@ -418,7 +427,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 if leases or self._suspects:
                     # Release before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    async with AsyncBound(self._settings.health_timeout):
+                    async with AsyncBound(self._settings.timeout):
                         await cursor.execute(_sql.UNLOCK_ALL)
                         await cursor.fetchone()
             except _DRIVER_ERRORS as exc:
@@ -441,7 +450,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
         settings = self._settings
         conn: Any = None
         try:
-            async with AsyncBound(settings.connect_timeout + 2 * settings.health_timeout):
+            async with AsyncBound(settings.connect_timeout + 2 * settings.timeout):
                 conn = await aiomysql.connect(**settings.async_connect_kwargs())
                 cursor = await conn.cursor()
                 await cursor.execute(_introspect.PROBE)

@@ -8,8 +8,8 @@ runs in autocommit, so a lock lives exactly as long as the session. ``GET_LOCK``
 re-entrant per session, so the locker tracks what it holds by key: a second
 acquirer of a held key in this process gets ``None``, and each key is released
 exactly once. Every use of the connection is serialized by one mutex, held only
-across a single round trip (or a connect), and every round trip is bounded by
-``health_timeout``.
+across a single round trip (or a connect), and every round trip is bounded: by
+``health_timeout`` for the health check, ``timeout`` for the others.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class MySQLLocker(LockerBase):
         self._held: dict[str, MySQLLease] = {}
         self._suspects: set[str] = set()
         self._keys = KeyNames(settings.prefix)
-        self._guard = Guard(settings.health_timeout, self._cut)
+        self._guard = Guard(self._cut)
         self._watch = Watch(
             self._session_ended,
             self._health_check,
@@ -260,14 +260,14 @@ class MySQLLocker(LockerBase):
 
     def _health_check(self) -> None:
         """Every ``health_interval``, with leases held: one round trip on the session,
-        bounded by ``health_timeout`` like any other. A session that does not answer in
+        bounded by ``health_timeout``. A session that does not answer in
         time is cut off and its leases reported lost, even where TCP would not notice
         (a hung server or proxy, a cut network)."""
         lost: _Lost = []
         try:
             with self._mutex:
                 if self._held and self._cursor is not None:
-                    self._ask("SELECT 1", lost, "health check", reconnect=False)
+                    self._ask("SELECT 1", lost, "health check", reconnect=False, health=True)
         except MultilockError as exc:
             _log.debug("MySQL session health check: %s", exc)
         finally:
@@ -287,14 +287,24 @@ class MySQLLocker(LockerBase):
     # -- the session --------------------------------------------------------------------
 
     def _ask(
-        self, query: str, lost: _Lost, doing: str, *, results: int = 1, reconnect: bool = True
+        self,
+        query: str,
+        lost: _Lost,
+        doing: str,
+        *,
+        results: int = 1,
+        reconnect: bool = True,
+        health: bool = False,
     ) -> tuple[Any, ...]:
         """One round trip on the session, connecting first if needed: the one row of the
         last of ``results`` result sets. Caller holds the mutex. If an established
         session turns out dead, its leases go to ``lost`` and, when ``reconnect``, the
         query is asked once more on a new session: the old session's locks died with
-        it, so nothing is granted twice. A session that did not answer in time is not
-        asked again: a new one would most likely hang the same way."""
+        it, so nothing is granted twice. A session that did not answer in time (within
+        ``timeout``, or ``health_timeout`` for the ``health`` check) is not asked again:
+        a new one would most likely hang the same way."""
+        settings = self._settings
+        timeout = settings.health_timeout if health else settings.timeout
         retry = reconnect
         while True:
             cursor = self._cursor
@@ -304,7 +314,7 @@ class MySQLLocker(LockerBase):
                 cursor = self._connect()
                 retry = False
             try:
-                with self._guard:
+                with self._guard.until(timeout, self._conn):
                     if self._suspects:
                         self._release_suspects(cursor)
                     cursor.execute(query)
@@ -317,7 +327,6 @@ class MySQLLocker(LockerBase):
                 hung = self._guard.expired or _timed_out(exc)
                 if not hung and self._conn is not None and is_open(self._conn):
                     raise driver_error(self._settings.url, exc, doing) from None
-                timeout = self._settings.health_timeout
                 reason = (
                     f"the MySQL session did not answer within {timeout:g} s"
                     if hung
@@ -331,7 +340,7 @@ class MySQLLocker(LockerBase):
                 retry = False
 
     def _cut(self) -> None:
-        """A round trip outlived ``health_timeout``: close the connection, which fails
+        """A round trip outlived its bound: close the connection, which fails
         the read in flight (``_ask`` then drops the session and says why)."""
         if self._conn is not None:
             hang_up(self._conn)
@@ -349,7 +358,7 @@ class MySQLLocker(LockerBase):
             raise MultilockError(f"{self!r} is closed")
         conn: Any = None
         try:
-            with Bound(settings.connect_timeout + settings.health_timeout):
+            with Bound(settings.connect_timeout + settings.timeout):
                 conn = pymysql.connect(**settings.sync_connect_kwargs())
                 cursor = conn.cursor()
                 if settings.fence is not None:
@@ -419,7 +428,7 @@ class MySQLLocker(LockerBase):
                 if leases or self._suspects:
                     # Release before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    with Bound(self._settings.health_timeout):
+                    with Bound(self._settings.timeout):
                         cursor.execute(_sql.UNLOCK_ALL)
                         cursor.fetchone()
             except _DRIVER_ERRORS as exc:
@@ -442,7 +451,7 @@ class MySQLLocker(LockerBase):
         settings = self._settings
         conn: Any = None
         try:
-            with Bound(settings.connect_timeout + 2 * settings.health_timeout):
+            with Bound(settings.connect_timeout + 2 * settings.timeout):
                 conn = pymysql.connect(**settings.sync_connect_kwargs())
                 cursor = conn.cursor()
                 cursor.execute(_introspect.PROBE)

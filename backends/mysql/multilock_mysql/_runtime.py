@@ -102,14 +102,16 @@ class AsyncGuard:
     """
 
     GRACE = 0.1
-    """Seconds more for a round trip when the timer fired late by more than this: a loop
-    that was itself held up (blocking code in another task) has not read the answer
-    waiting in the socket, which is no fault of the session."""
+    """Seconds more for a round trip, once, when the timer fired late by more than this:
+    a loop that was itself held up (blocking code in another task) has not read the
+    answer waiting in the socket, which is no fault of the session. Once: a loop that
+    stays late must not put the deadline off for ever."""
 
     def __init__(self, cut: Callable[[], None]) -> None:
         self._seconds = 0.0  # of the round trip in flight
         self._cut = cut
         self._started: float | None = None
+        self._graced = False
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.expired = False
@@ -123,6 +125,7 @@ class AsyncGuard:
     async def __aenter__(self) -> None:
         loop = asyncio.get_running_loop()
         self.expired = False
+        self._graced = False
         self._started = now = loop.time()
         due = now + self._seconds
         if self._timer is None or self._loop is not loop:  # none, or one of an ended loop
@@ -151,7 +154,8 @@ class AsyncGuard:
         if started is None:
             return  # idle: the next round trip arms it again
         now = loop.time()
-        if now - due > self.GRACE:
+        if now - due > self.GRACE and not self._graced:
+            self._graced = True
             self._arm(loop, now + self.GRACE)  # the loop was held up: let it read first
         elif now < started + self._seconds:
             self._arm(loop, started + self._seconds)  # a later round trip: its own due time

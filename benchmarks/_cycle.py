@@ -54,6 +54,7 @@ _SERVERS = {
     "zookeeper": ("MULTILOCK_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181/multilock-test"),
     "etcd": ("MULTILOCK_ETCD_URL", "etcd://127.0.0.1:2379/multilock-test"),
     "nats": ("MULTILOCK_NATS_URL", "nats://127.0.0.1:4222/multilock-test"),
+    "mysql": ("MULTILOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 }
 
 

@@ -34,6 +34,7 @@ import contention
 import etcd_cycle
 import many_locks
 import nats_cycle
+import mysql_cycle
 import postgres_cycle
 import redis_cycle
 import scheduler_load
@@ -50,6 +51,7 @@ _CYCLES = {
     "zookeeper": zookeeper_cycle,
     "etcd": etcd_cycle,
     "nats": nats_cycle,
+    "mysql": mysql_cycle,
 }
 
 

@@ -41,13 +41,15 @@ SERVER_ENV = {
     "zk": "MULTILOCK_ZOOKEEPER_URL",
     "etcd": "MULTILOCK_ETCD_URL",
     "nats": "MULTILOCK_NATS_URL",
+    "mysql": "MULTILOCK_MYSQL_URL",
+    "mariadb": "MULTILOCK_MYSQL_URL",
 }
 """The environment variable that names the test server of each scheme samples use."""
 
 _FENCE = re.compile(r"^```(\w+)?(.*)$")
 _DIRECTIVE = re.compile(r"^<!--\s*(test|source):\s*(.*?)\s*-->$")
 _URL = re.compile(
-    r"""(?P<q>["'])(?P<scheme>postgresql|postgres|redis|rediss|zookeeper|zk|etcd|nats|file)://"""
+    r"""(?P<q>["'])(?P<scheme>postgresql|postgres|redis|rediss|zookeeper|zk|etcd|nats|mysql|mariadb|file)://"""
     r"""[^"'?]*(?P<query>\?[^"']*)?(?P=q)"""
 )
 _SECTION = re.compile(r"^(?P<path>[^:]+)(?::(?P<section>[\w-]+))?$")

@@ -82,6 +82,22 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "async_bounded": "sync_bounded",
         },
     ),
+    (
+        "backends/mysql/multilock_mysql/_async",
+        "backends/mysql/multilock_mysql/_sync",
+        {
+            "aiomysql": "pymysql",
+            "async_connect_kwargs": "sync_connect_kwargs",
+            "async_hang_up": "hang_up",
+            "async_is_open": "is_open",
+            "AsyncBound": "Bound",
+            "AsyncGuard": "Guard",
+            "AsyncMutex": "Mutex",
+            "AsyncWatch": "Watch",
+            "AsyncMySQLLease": "MySQLLease",
+            "AsyncMySQLLocker": "MySQLLocker",
+        },
+    ),
 ]
 
 

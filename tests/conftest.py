@@ -30,6 +30,7 @@ DEFAULT_URLS = {
     "zookeeper": "zookeeper://127.0.0.1:2181/multilock-test",
     "etcd": "etcd://127.0.0.1:2379/multilock-test",
     "nats": "nats://127.0.0.1:4222/multilock-test",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
 }
 DOCKER_ENV = "MULTILOCK_DOCKER"
 
@@ -38,6 +39,7 @@ _DOCKER_SERVICES = {
     "postgres": (5432, "postgresql://postgres@{host}:{port}/test"),
     "redis": (6379, "redis://{host}:{port}/15"),
     "zookeeper": (2181, "zookeeper://{host}:{port}/multilock-test"),
+    "mysql": (3306, "mysql://root@{host}:{port}/test"),
 }
 _DOCKER_START_TIMEOUT = 120.0
 
@@ -48,7 +50,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--docker",
         action="store_true",
         default=False,
-        help=f"run PostgreSQL, Redis and ZooKeeper from docker-compose.yml (env {DOCKER_ENV}=1)",
+        help=f"run the servers from docker-compose.yml (env {DOCKER_ENV}=1)",
     )
 
 
@@ -129,6 +131,12 @@ def etcd_url(request: pytest.FixtureRequest) -> str:
 def nats_url(request: pytest.FixtureRequest) -> str:
     """A reachable NATS JetStream lock URL (``MULTILOCK_NATS_URL``)."""
     return _url(request, "nats")
+
+
+@pytest.fixture(scope="session")
+def mysql_url(request: pytest.FixtureRequest) -> str:
+    """A reachable MySQL/MariaDB lock URL (``MULTILOCK_MYSQL_URL``)."""
+    return _url(request, "mysql")
 
 
 @pytest.fixture(scope="session")

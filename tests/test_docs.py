@@ -45,6 +45,8 @@ _FIXTURES = {
     "zk": "zookeeper_url",
     "etcd": "etcd_url",
     "nats": "nats_url",
+    "mysql": "mysql_url",
+    "mariadb": "mysql_url",
     "file": "file_url",
 }
 _CHECKED_COMMANDS = ("multilock key", "multilock next")

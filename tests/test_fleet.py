@@ -205,10 +205,10 @@ def _run_fleet(
     assert not missing, f"{len(missing)} of {len(must_run)} (job, tick) never ran: {missing[:10]}"
 
 
-BACKENDS = ("file", "postgres", "redis", "zookeeper", "etcd", "nats")
+BACKENDS = ("file", "postgres", "redis", "zookeeper", "mysql", "etcd", "nats")
 # Leader mode on the session-bound backends only: the per-job lock variants already
 # cover every backend's leases.
-LEADER_BACKENDS = ("file", "postgres")
+LEADER_BACKENDS = ("file", "postgres", "mysql")
 
 
 def _exactly_once(url: str, workdir: Path) -> None:

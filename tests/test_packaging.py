@@ -34,6 +34,7 @@ def test_every_distribution_is_found() -> None:
         "multilock-zookeeper",
         "multilock-etcd",
         "multilock-nats",
+        "multilock-mysql",
         "multilock-sqlite",
     }
 

@@ -27,6 +27,8 @@ _EXTRAS = {
     "zk": "zookeeper",
     "etcd": "etcd",
     "nats": "nats",
+    "mysql": "mysql",
+    "mariadb": "mysql",
 }
 
 _registered: dict[str, Backend] = {}

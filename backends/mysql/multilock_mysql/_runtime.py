@@ -1,0 +1,434 @@
+"""What the generated sync code swaps for the async code: primitives and driver glue.
+
+The locker is written once, for asyncio and aiomysql, under ``_async/``;
+``scripts/unasync.py`` renames ``aiomysql`` to ``pymysql`` and each ``Async*`` or
+``async_*`` name here to its twin when it generates ``_sync/``. Each pair has the
+same shape in both worlds.
+
+The watches read two private attributes of the drivers, the only way to the
+session's socket: PyMySQL's ``Connection._sock`` and aiomysql's
+``Connection._writer`` (the dependencies are pinned below their next major version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import threading
+import time
+import weakref
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "AsyncBound",
+    "AsyncGuard",
+    "AsyncMutex",
+    "AsyncWatch",
+    "Bound",
+    "Guard",
+    "Mutex",
+    "Watch",
+    "async_hang_up",
+    "async_is_open",
+    "hang_up",
+    "is_open",
+]
+
+_log = logging.getLogger("multilock.mysql")
+
+AsyncMutex = asyncio.Lock
+"""Serializes the tasks sharing one session connection."""
+
+Mutex = threading.Lock
+"""Serializes the threads sharing one session connection."""
+
+
+# -- the bound of one round trip ----------------------------------------------------------
+
+
+class Bound:
+    """``with Bound(seconds):`` around a call. Nothing to do in the sync world: PyMySQL's
+    ``connect_timeout`` bounds connecting, and the session's socket has its
+    ``read_timeout`` and ``write_timeout``; a read or write past them closes the
+    connection and raises."""
+
+    def __init__(self, seconds: float) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class Guard:
+    """Bounds each round trip of one session: ``with guard.until(seconds, conn):``.
+    PyMySQL's socket timeouts do the work; this sets them to ``seconds`` for the round
+    trip (PyMySQL applies a change on its next read or write)."""
+
+    expired = False
+    """Whether the last round trip was cut for taking too long (never here: PyMySQL
+    raises for its own socket timeouts)."""
+
+    def __init__(self, cut: Callable[[], None]) -> None:
+        pass
+
+    def until(self, seconds: float, conn: Any) -> Guard:
+        """Bound the next round trip on ``conn`` by ``seconds``."""
+        if conn._read_timeout != seconds:
+            conn._read_timeout = conn._write_timeout = seconds
+        return self
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class AsyncGuard:
+    """Bounds each round trip of one session: ``async with guard.until(seconds, conn):``
+    -- past ``seconds``, ``cut()`` closes the session's connection, which fails the read
+    in flight, and :attr:`expired` says why.
+
+    A timeout and a timer for each round trip would cost about 5 µs each time. This
+    keeps one timer per session instead, re-armed only when it fires: a round trip just
+    notes when it started.
+    """
+
+    GRACE = 0.1
+    """Seconds more for a round trip, once, when the timer fired late by more than this:
+    a loop that was itself held up (blocking code in another task) has not read the
+    answer waiting in the socket, which is no fault of the session. Once: a loop that
+    stays late must not put the deadline off for ever."""
+
+    def __init__(self, cut: Callable[[], None]) -> None:
+        self._seconds = 0.0  # of the round trip in flight
+        self._cut = cut
+        self._started: float | None = None
+        self._graced = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.expired = False
+        """Whether the last round trip was cut for taking too long."""
+
+    def until(self, seconds: float, conn: Any) -> AsyncGuard:
+        """Bound the next round trip by ``seconds``."""
+        self._seconds = seconds
+        return self
+
+    async def __aenter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.expired = False
+        self._graced = False
+        self._started = now = loop.time()
+        due = now + self._seconds
+        if self._timer is None or self._loop is not loop:  # none, or one of an ended loop
+            self._arm(loop, due)
+        elif self._timer.when() > due:  # armed for a longer round trip than this one
+            self._timer.cancel()
+            self._arm(loop, due)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._started = None
+
+    def cancel(self) -> None:
+        """Drop the timer: for a guard used once."""
+        self._started = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self._loop = loop
+        self._timer = loop.call_at(due, self._fire, loop, due)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self._timer = None
+        started = self._started
+        if started is None:
+            return  # idle: the next round trip arms it again
+        now = loop.time()
+        if now - due > self.GRACE and not self._graced:
+            self._graced = True
+            self._arm(loop, now + self.GRACE)  # the loop was held up: let it read first
+        elif now < started + self._seconds:
+            self._arm(loop, started + self._seconds)  # a later round trip: its own due time
+        else:
+            self.expired = True
+            self._cut()
+
+
+class AsyncBound:
+    """``async with AsyncBound(seconds):`` cancels the block after ``seconds`` and raises
+    :class:`TimeoutError`: for the rare calls that have no connection to cut yet
+    (connecting) or of their own (``locks()``, ``close()``). An :class:`AsyncGuard` keeps
+    the time, with its grace for a late event loop."""
+
+    def __init__(self, seconds: float) -> None:
+        self._timeout = asyncio.timeout(None)
+        self._guard = AsyncGuard(self._expire).until(seconds, None)
+
+    def _expire(self) -> None:
+        self._timeout.reschedule(asyncio.get_running_loop().time())
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+        await self._guard.__aenter__()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._guard.cancel()
+        await self._timeout.__aexit__(et, ev, tb)
+
+
+# -- connections --------------------------------------------------------------------------
+
+
+def is_open(conn: Any) -> bool:
+    """Whether a PyMySQL connection still has its socket."""
+    return bool(conn.open)
+
+
+def async_is_open(conn: Any) -> bool:
+    """Whether an aiomysql connection still has its socket."""
+    return not conn.closed
+
+
+def hang_up(conn: Any) -> None:
+    """Close a PyMySQL connection (politely if it is open); never raises."""
+    try:
+        if conn.open:
+            conn.close()
+    except Exception:  # closed under us, or a dead socket: gone either way
+        conn._force_close()
+
+
+def async_hang_up(conn: Any) -> None:
+    """Close an aiomysql connection; never raises."""
+    conn.close()
+
+
+# -- the watch: a session's end, seen at once, and the health check -----------------------
+
+# The events of a socket whose peer hung up. POLLRDHUP (Linux) is a FIN alone, so an
+# answer arriving for a round trip never wakes the watch; where there is none, only a
+# reset or an error is seen at once and a plain close waits for the health check.
+_HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+
+
+class Watch:
+    """One daemon thread per locker, started with its first session: it calls
+    ``ended(conn)`` the moment the server hangs up the session of ``conn`` (a KILL, a
+    shutdown, ``wait_timeout``) -- nobody reads an idle session's socket, so nothing
+    else would notice before the next call -- and ``check()`` every ``interval``
+    seconds, off the callers' threads, so that a caller blocked in a long job cannot
+    delay the health check. The thread holds the owner only weakly: a locker dropped
+    without ``close()`` does not keep a thread alive.
+    """
+
+    def __init__(
+        self,
+        ended: Callable[[Any], None],
+        check: Callable[[], None],
+        interval: float,
+        name: str,
+    ) -> None:
+        self._ended = weakref.WeakMethod(ended)
+        self._check = weakref.WeakMethod(check)
+        self._interval = interval
+        self._name = name
+        self._conn: Any = None
+        self._generation = 0  # bumped by each watch(): a new session to look at
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = -1, -1
+
+    def watch(self, conn: Any) -> None:
+        """Look at ``conn``'s socket from now on (``None``: at nothing)."""
+        self._conn = conn
+        self._generation += 1
+        if self._thread is None:
+            if conn is None or self._stopped:
+                return
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_w, False)
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        else:
+            self._wake()
+
+    def ensure_running(self) -> None:
+        """Nothing to do: the thread runs until stopped (the async twin may need to)."""
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:  # full (a wake-up is pending anyway) or closed (stopped)
+            pass
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        watched: int | None = None
+        conn: Any = None  # the connection of the watched socket
+        seen = -1  # the generation whose socket was registered, or hung up
+        due = time.monotonic() + self._interval
+        try:
+            while not self._stopped:
+                if seen != self._generation:
+                    if watched is not None:
+                        poller.unregister(watched)
+                        watched = None
+                    seen, conn = self._generation, self._conn
+                    sock = None if conn is None else conn._sock
+                    if sock is not None and sock.fileno() >= 0:
+                        watched = sock.fileno()
+                        poller.register(watched, _HANGUP)
+                wait = max(0.0, due - time.monotonic())
+                for fd, _ in poller.poll(wait * 1000):
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 4096)
+                    elif fd == watched and not self._stopped:
+                        poller.unregister(fd)  # level-triggered: once is enough
+                        watched = None
+                        self._call(self._ended, conn)
+                if time.monotonic() >= due and not self._stopped:
+                    self._call(self._check)
+                    due = time.monotonic() + self._interval
+        finally:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _call(self, method: weakref.WeakMethod[Callable[..., None]], *args: Any) -> None:
+        bound = method()
+        if bound is None:  # the owner is gone
+            self._stopped = True
+            return
+        try:
+            bound(*args)
+        except Exception:  # the watch must outlive one bad call
+            _log.exception("MySQL session watch failed")
+
+    def stop(self) -> None:
+        """Stop the thread and wait for a call in progress (unless called from it).
+        Call it without holding the locker's mutex."""
+        self._stopped = True
+        thread = self._thread
+        if thread is not None:
+            self._wake()
+            if threading.current_thread() is not thread:
+                thread.join()
+
+
+class _Hangup(asyncio.Protocol):
+    """Stands between a transport and aiomysql's protocol, passing everything on, and
+    says when the peer ends the connection."""
+
+    def __init__(self, inner: Any, ended: Callable[[], None]) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        self._ended()
+        return self._inner.eof_received()  # type: ignore[no-any-return]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended()
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class AsyncWatch:
+    """:class:`Watch` on the running event loop: the session's transport tells at once
+    when the server hangs up (its protocol is wrapped, so no read is added), and a task
+    awaits ``check()`` every ``interval`` seconds."""
+
+    def __init__(
+        self,
+        ended: Callable[[Any], Coroutine[Any, Any, None]],
+        check: Callable[[], Coroutine[Any, Any, None]],
+        interval: float,
+        name: str,
+    ) -> None:
+        self._ended = weakref.WeakMethod(ended)
+        self._check = weakref.WeakMethod(check)
+        self._interval = interval
+        self._name = name
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._endings: set[asyncio.Task[None]] = set()
+
+    def watch(self, conn: Any) -> None:
+        """Be told when the server ends ``conn``'s session (``None``: nothing to do)."""
+        self.ensure_running()
+        if conn is None:
+            return
+        transport = conn._writer.transport
+        loop = asyncio.get_running_loop()
+        told = False
+
+        def ended() -> None:
+            nonlocal told
+            method = self._ended()
+            if told or method is None or self._stop.is_set():
+                return
+            told = True
+            task = loop.create_task(method(conn), name=f"{self._name}-ended")
+            self._endings.add(task)
+            task.add_done_callback(self._endings.discard)
+
+        transport.set_protocol(_Hangup(transport.get_protocol(), ended))
+
+    def ensure_running(self) -> None:
+        """Start the health task in the running loop unless it runs there: a locker
+        may outlive one ``asyncio.run()`` and be used in the next."""
+        if self._stop.is_set():
+            return
+        if self._task is None or self._task.done():
+            loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._task = loop.create_task(self._run(), name=self._name)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), self._interval)
+                return
+            except TimeoutError:
+                pass
+            check = self._check()
+            if check is None:
+                return
+            try:
+                await check()
+            except Exception:  # a health check must never die of one bad tick
+                _log.exception("MySQL session health check failed")
+            del check
+
+    async def stop(self) -> None:
+        """Stop the health task and wait for a check in progress (unless called from it)."""
+        self._stop.set()
+        task = self._task
+        if task is not None and asyncio.current_task() is not task and not task.done():
+            try:
+                await task
+            except RuntimeError:  # the task belongs to a loop that is gone
+                pass

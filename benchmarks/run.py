@@ -33,8 +33,8 @@ import connections
 import contention
 import etcd_cycle
 import many_locks
-import nats_cycle
 import mysql_cycle
+import nats_cycle
 import postgres_cycle
 import redis_cycle
 import scheduler_load

@@ -310,15 +310,16 @@ class Scheduler(Service):
             return
         self._stopping = True
         self._disarm()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            await wait_quietly(task)
-        self._tasks.clear()
+        # A leader's task renews the leader lease its runs run under: it is stopped only
+        # once they are over (on a TTL backend that does not renew, the lease would expire
+        # under them). A follower stops competing at once.
+        if not self.is_leader:
+            await self._cancel_tasks()
         if self._active or self._runs:
             self._quiet = asyncio.get_running_loop().create_future()
             await asyncio.wait({self._quiet}, timeout=self.stop_timeout)
             self._quiet = None
+        await self._cancel_tasks()
         for run in list(self._active):
             run.abort()  # its lease is still in _held: released below
         self._timers = None  # its pending timers die with this loop
@@ -337,6 +338,13 @@ class Scheduler(Service):
                 self._leadership.locker = self._locker
         self._loop = None
         log.info("scheduler stopped", extra={"replica_id": self.replica_id})
+
+    async def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            await wait_quietly(task)
+        self._tasks.clear()
 
     def use_lock(self, lock: str | AsyncDistributedLock | DistributedLock) -> None:
         """Replace the lock (a URL or a locker) before the scheduler starts.

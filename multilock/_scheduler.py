@@ -497,6 +497,8 @@ class Scheduler(Service):
         state = due.state
         while not state.ready:  # the previous run, or its lease release
             await state.changed()
+            if self.clock.now() - due.fire.timestamp() > due.job.misfire_grace:
+                break  # missed already: said now, not once the job is free (if ever)
         late = self.clock.now() - due.fire.timestamp()
         if self._stopping:
             return

@@ -581,9 +581,10 @@ class Scheduler(Service):
         runs: list[_Start] = []
         for due in shared:
             lease = leases.get(due.job.name)
-            if self._stopping:  # granted while stopping: stop() releases what is held
-                if lease is not None:
+            if self._stopping:  # granted while stopping: no run, so no hold either
+                if lease is not None:  # let it go now: kept, other replicas would skip it
                     self._held.add(lease)
+                    self._spawn(self._release(lease))  # a task: stop() waits for it
                 due.state.settle()
             elif lease is None:
                 self._skip_held(due, "another replica holds it")

@@ -219,7 +219,10 @@ class _Checker:
             if unused.token in by_token or unused.owner == OUTSIDER or unused.name not in self.jobs:
                 continue
             ended = unused.ended_at or math.inf
-            if unused.end != "crashed" and ended - unused.granted_at > self.slack + EPS:
+            crashed = self.h.lives[int(unused.owner[1:])].crashed
+            if crashed is not None and crashed <= ended:
+                continue  # it ends with its holder (session) or expires after it (TTL)
+            if ended - unused.granted_at > self.slack + EPS:
                 yield (
                     f"{unused.owner} kept a lease on {unused.name!r} that no run used"
                     f" from {_t(unused.granted_at)} to {_t(ended)}"
@@ -358,17 +361,21 @@ class _Checker:
             if tries[-1].holder == owner:
                 return "the lock was held by this same replica"
             return None
+        # The leader grants of this replica around the decision (one that ends at that
+        # very instant may have ended just before it or just after).
         leads = [
             g
             for g in self.world.grants.values()
             if g.name == LEADER
             and g.owner == owner
             and g.granted_at <= seen.at + EPS
-            and (g.ended_at is None or g.ended_at > seen.at + EPS)
+            and (g.ended_at is None or g.ended_at >= seen.at - EPS)
         ]
         if reason == "not the leader":
-            if any(g.granted_at < seen.at - self.round_trip - EPS for g in leads):
-                return "it held the leader lease"
+            for g in leads:
+                ended = math.inf if g.ended_at is None else g.ended_at
+                if g.granted_at < seen.at - self.round_trip - EPS and ended > seen.at + EPS:
+                    return "it held the leader lease"
             return None
         if reason.startswith("leadership too recent"):
             since = [g.granted_at + self.offsets[seen.replica] + self.round_trip for g in leads]

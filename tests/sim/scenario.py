@@ -168,34 +168,75 @@ def _job(draw: st.DrawFn, index: int, skew: float) -> JobSpec:
     )
 
 
-def _replica(draw: st.DrawFn, skew: float, beyond: bool, length: float) -> ReplicaSpec:
-    bound = 3 * skew if beyond else skew - 0.001
-    offset = _ms(draw, -bound, bound)
+def _moment(draw: st.DrawFn, job: JobSpec, offset: float, low: float, high: float) -> float:
+    """A true time in [low, high]: half the time, just after one of ``job``'s ticks by a
+    clock ``offset`` ahead (where a stop, a crash or a loss hurts: a leader hand-over
+    just after a tick, a hold just begun)."""
+    first = math.ceil((low + offset - job.start) / job.interval)
+    last = math.floor((high + offset - job.start) / job.interval)
+    if last < first or draw(_COIN):
+        return _ms(draw, low, high)
+    tick = job.start + (first + draw(_UNIT) % (last - first + 1)) * job.interval
+    return round(min(high, max(low, tick - offset + _ms(draw, 0.0, 0.1))), 3)
+
+
+def _replica(
+    draw: st.DrawFn, skew: float, beyond: bool, length: float, job: JobSpec
+) -> ReplicaSpec:
+    bound = round(3 * skew if beyond else skew - 0.001, 3)
+    # Half the time at the edge of the range, where a missing margin shows.
+    edge = draw(_DIE)
+    offset = -bound if edge == 0 else bound if edge == 1 else _ms(draw, -bound, bound)
     start = _ms(draw, 0.0, length / 2) if draw(_COIN) else 0.0
     end = draw(_DIE)
-    stop = _ms(draw, start + 0.001, length) if end == 0 else None
-    crash = _ms(draw, start + 0.001, length) if end == 1 else None
-    return ReplicaSpec(offset=offset, start=start, stop=stop, crash=crash)
+    when = _moment(draw, job, offset, start + 0.001, length) if end < 2 else None
+    return ReplicaSpec(
+        offset=offset,
+        start=start,
+        stop=when if end == 0 else None,
+        crash=when if end == 1 else None,
+    )
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, *, beyond: bool = False) -> Scenario:
-    """Scenarios whose clocks are all within ``skew_tolerance`` (``beyond``: some not)."""
+def scenarios(draw: st.DrawFn, *, beyond: bool = False, handover: bool = False) -> Scenario:
+    """Scenarios whose clocks are all within ``skew_tolerance`` (``beyond``: some not).
+
+    ``handover``: leader mode, where the first replica (the leader) stops, crashes or
+    loses its lease just after a tick, and the others, steady, take over.
+    """
     skew = _ms(draw, 0.03, 0.5)
-    coordination = draw(_COORDINATION)
+    coordination = "leader" if handover else draw(_COORDINATION)
     jobs = tuple(_job(draw, i, skew) for i in range(_count(draw, 1, 3)))
     # 2 to 10 s, but at most 25 ticks of the fastest job: the cost is in the ticks.
     length = min(_ms(draw, 2.0, 10.0), max(2.0, round(25 * min(j.interval for j in jobs), 3)))
-    count = _count(draw, 1, 4)
-    replicas = [_replica(draw, skew, beyond, length) for _ in range(count)]
-    # One replica lives throughout: someone is always there to try every tick.
-    steady = _count(draw, 0, count - 1)
-    replicas[steady] = ReplicaSpec(offset=replicas[steady].offset)
+    count = _count(draw, 2 if handover else 1, 4)
+    replicas = [_replica(draw, skew, beyond, length, jobs[0]) for _ in range(count)]
     names = [job.name for job in jobs] + ([LEADER] if coordination == "leader" else [])
     faults = [
-        Fault(_ms(draw, 0.0, length), draw(_FAULT), names[_count(draw, 0, len(names) - 1)])
+        Fault(
+            _moment(draw, jobs[0], 0.0, 0.0, length),
+            draw(_FAULT),
+            names[_count(draw, 0, len(names) - 1)],
+        )
         for _ in range(draw(_DIE) % 4)
     ]
+    if handover:
+        if draw(_COIN):  # the worst case, half the time: the leader ahead, the others behind
+            ahead, *behind = (abs(r.offset) for r in replicas)
+            replicas = [ReplicaSpec(ahead), *(ReplicaSpec(-offset) for offset in behind)]
+        leader, replicas = replicas[0], [ReplicaSpec(offset=r.offset) for r in replicas]
+        when = _moment(draw, jobs[0], leader.offset, 0.001, length)
+        how = draw(_DIE) % 3
+        replicas[0] = ReplicaSpec(
+            leader.offset, stop=when if how == 0 else None, crash=when if how == 1 else None
+        )
+        faults = [Fault(when, "revoke", LEADER)] if how == 2 else []
+    else:
+        # One replica lives throughout: someone is always there to try every tick.
+        steady = _count(draw, 0, count - 1)
+        replicas[steady] = ReplicaSpec(offset=replicas[steady].offset)
+    poll = _ms(draw, 0.01, skew) if handover or draw(_COIN) else _ms(draw, 0.05, 1.0)
     return Scenario(
         replicas=tuple(replicas),
         jobs=jobs,
@@ -204,7 +245,7 @@ def scenarios(draw: st.DrawFn, *, beyond: bool = False) -> Scenario:
         skew_tolerance=skew,
         misfire_grace=_ms(draw, 0.001, 1.0),
         lease_ttl=_ms(draw, 0.15, 3.0),
-        leader_poll=_ms(draw, 0.05, 1.0),
+        leader_poll=poll,
         backend=draw(_BACKEND),
         fast=draw(_COIN),
         latency=_ms(draw, 0.001, 0.02) if draw(_COIN) else 0.0,

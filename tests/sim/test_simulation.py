@@ -78,6 +78,13 @@ def test_beyond_the_tolerance_only_exactly_once_may_break(scenario: Scenario) ->
     check(scenario)
 
 
+@settings(SIMULATION, max_examples=max(1, EXAMPLES // 2))
+@given(scenarios(handover=True))
+def test_a_leader_hand_over_just_after_a_tick_runs_it_once(scenario: Scenario) -> None:
+    """Leader mode: the leader stops, crashes or loses its lease just after a tick."""
+    check(scenario)
+
+
 # --- what the simulation found, kept as regressions -------------------------------------
 
 

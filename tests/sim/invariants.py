@@ -334,7 +334,9 @@ class _Checker:
         if kind is EventKind.STARTED:
             return None
         if kind is EventKind.SKIPPED_OVERLAP:
-            if self.running(seen.replica, event.job, seen.at):
+            if self.running(seen.replica, event.job, seen.at) or self.trying(
+                seen.replica, event.job, seen.at
+            ):
                 return None
             return "no run of the job was going on this replica"
         if kind is EventKind.MISSED:
@@ -389,6 +391,17 @@ class _Checker:
         return any(
             r.replica == replica and r.job == job and r.start - EPS <= at <= _end(r) + EPS
             for r in self.h.records
+        )
+
+    def trying(self, replica: int, job: str, at: float) -> bool:
+        """Whether a try of the replica for the job's lock was in flight at ``at`` (its
+        run is under way from the moment the try is sent)."""
+        latency = self.sc.latency
+        return any(
+            t.owner == f"r{replica}"
+            and t.name == job
+            and t.at - latency - EPS <= at <= t.at + latency + EPS
+            for t in self.world.tries
         )
 
     def releasing(self, replica: int, job: str, at: float) -> bool:

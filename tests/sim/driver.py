@@ -114,7 +114,6 @@ class _Replica:
                 args=(job,),
             )
         self.scheduler.add_listener(self.listen)
-        self.running: set[int] = set()  # indices into history.records
         self.stopping: asyncio.Task[None] | None = None
 
     async def body(self, job: JobSpec) -> None:
@@ -162,10 +161,10 @@ class _Replica:
         for record in self.history.records:
             if record.replica == self.index:
                 _end(record, self.time.now, "crashed")
-        # Tear the object down without it touching the world (its connection is dead):
-        # nothing it does from now on is seen.
+        # Tear the object down (unless a graceful stop is under way already): its
+        # connection is dead, so it no longer touches the world, and nothing it does
+        # from now on is seen.
         self.scheduler.stop_timeout = 0
-        self.stopping = None
         self.stop()
 
 

@@ -219,7 +219,7 @@ class _Checker:
             if unused.token in by_token or unused.owner == OUTSIDER or unused.name not in self.jobs:
                 continue
             ended = unused.ended_at or math.inf
-            crashed = self.h.lives[int(unused.owner[1:])].crashed
+            crashed = self.crashed(unused.owner)
             if crashed is not None and crashed <= ended:
                 continue  # it ends with its holder (session) or expires after it (TTL)
             if ended - unused.granted_at > self.slack + EPS:
@@ -231,7 +231,7 @@ class _Checker:
             grant = self.world.grants.get(token)
             if grant is None or grant.name not in self.jobs or grant.ended_at is None:
                 continue
-            crashed = self.h.lives[int(grant.owner[1:])].crashed
+            crashed = self.crashed(grant.owner)
             if crashed is not None and crashed <= grant.ended_at:
                 continue  # it ended with its holder, or expired after it (the TTL)
             last = max(records, key=lambda r: r.fire)
@@ -254,7 +254,7 @@ class _Checker:
         for grant in self.world.grants.values():
             if grant.owner == OUTSIDER:
                 continue
-            crashed = self.h.lives[int(grant.owner[1:])].crashed
+            crashed = self.crashed(grant.owner)
             alive = crashed is None or (grant.ended_at is not None and grant.ended_at < crashed)
             if grant.end == "expired" and alive:
                 yield f"{grant.owner}'s lease on {grant.name!r} expired while it lived: not renewed"
@@ -429,6 +429,10 @@ class _Checker:
             and (g.ended_at is None or at <= done.get(g.token, g.ended_at) + EPS)
             for g in self.world.grants.values()
         )
+
+    def crashed(self, owner: str) -> float | None:
+        """When the replica named ``owner`` (``r<i>``) crashed, if it did."""
+        return self.h.lives[int(owner[1:])].crashed
 
     def clock(self, replica: int, at: float) -> float:
         return at + self.offsets[replica]

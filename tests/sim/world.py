@@ -20,7 +20,7 @@ from typing import TypeVar
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, Capability, LockURL, Outcome
 from multilock.errors import BackendUnavailable, LockLost
 
-__all__ = ["Grant", "ReplicaClock", "SimLease", "SimLocker", "SimTime", "Try", "World"]
+__all__ = ["Grant", "Release", "ReplicaClock", "SimLease", "SimLocker", "SimTime", "Try", "World"]
 
 T = TypeVar("T")
 

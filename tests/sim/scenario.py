@@ -9,7 +9,7 @@ offsets fall off the scheduler's 50 ms hold grid and off whole seconds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -207,7 +207,15 @@ def scenarios(draw: st.DrawFn, *, beyond: bool = False, handover: bool = False) 
     """
     skew = _ms(draw, 0.03, 0.5)
     coordination = "leader" if handover else draw(_COORDINATION)
-    jobs = tuple(_job(draw, i, skew) for i in range(_count(draw, 1, 3)))
+    jobs = [_job(draw, i, skew) for i in range(_count(draw, 1, 3))]
+    # Half the time a job ticks with the first one: their locks are taken in one batch,
+    # where some names may be free and others held.
+    jobs[1:] = [
+        replace(job, interval=jobs[0].interval, start=jobs[0].start, jitter=0.0)
+        if draw(_COIN)
+        else job
+        for job in jobs[1:]
+    ]
     # 2 to 10 s, but at most 25 ticks of the fastest job: the cost is in the ticks.
     length = min(_ms(draw, 2.0, 10.0), max(2.0, round(25 * min(j.interval for j in jobs), 3)))
     count = _count(draw, 2 if handover else 1, 4)
@@ -239,7 +247,7 @@ def scenarios(draw: st.DrawFn, *, beyond: bool = False, handover: bool = False) 
     poll = _ms(draw, 0.01, skew) if handover or draw(_COIN) else _ms(draw, 0.05, 1.0)
     return Scenario(
         replicas=tuple(replicas),
-        jobs=jobs,
+        jobs=tuple(jobs),
         length=length,
         coordination=coordination,
         skew_tolerance=skew,

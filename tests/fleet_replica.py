@@ -1,10 +1,16 @@
 """One replica of the fleet test: a Scheduler in its own process, with a skewed clock.
 
 Usage: ``python fleet_replica.py URL PREFIX JOBS OFFSET RECORD REPLICA_ID COORDINATION
-SKEW GRACE TTL POLL`` (coordination ``lock`` or ``leader``; then skew_tolerance,
-misfire_grace, lease_ttl and leader_poll in seconds). It
+SKEW GRACE TTL POLL [extras]`` (coordination ``lock`` or ``leader``; then
+skew_tolerance, misfire_grace, lease_ttl and leader_poll in seconds). It
 registers ``JOBS`` jobs ``PREFIX-<i>`` firing every second; each run appends
-``<job> <fire time in ms> <replica>`` to RECORD (O_APPEND: one write per line).
+``<job> <fire time in ms> <replica> <start ms> <end ms>`` to RECORD (O_APPEND: one
+write per line; start and end by the host's clock, the true time of every replica).
+With ``extras``, three jobs more, for what unit tests cannot fake: ``PREFIX-held``
+(registered first, so first in the batch of each second; the test holds its name
+from outside for a while), ``PREFIX-long`` (a 1.3 s body: longer than the hold and
+than the interval) and ``PREFIX-offset`` (``every(1 s, start=...437 ms)``: ticks and
+holds off the whole second).
 It prints ``ready`` once its lock backend is connected and the scheduler has
 started, and shuts down gracefully on SIGTERM.
 """
@@ -16,8 +22,12 @@ import logging
 import os
 import signal
 import sys
+import time
+from datetime import UTC, datetime
 
 import multilock
+
+OFF_GRID = datetime(2000, 1, 1, 0, 0, 0, 437000, tzinfo=UTC)  # ticks at .437 of each second
 
 
 async def replica(
@@ -29,13 +39,16 @@ async def replica(
     name: str,
     coordination: str,
     timing: list[float],
+    extras: bool,
 ) -> None:
     """Schedule the fleet's jobs until SIGTERM."""
 
-    async def body(job: str) -> None:
+    async def body(job: str, length: float = 0.001) -> None:
         fire_ms = round(multilock.current_run().fire_time.timestamp() * 1000)
-        await asyncio.sleep(0.001)  # the ~1 ms body
-        os.write(fd, f"{job} {fire_ms} {name}\n".encode())
+        began = time.time()
+        await asyncio.sleep(length)  # the ~1 ms body, by default
+        line = f"{job} {fire_ms} {name} {round(began * 1000)} {round(time.time() * 1000)}"
+        os.write(fd, f"{line}\n".encode())
 
     async with multilock.connect_async(url) as locker:
         probe = await locker.try_acquire(f"{prefix}-probe-{name}")  # connected now
@@ -55,9 +68,16 @@ async def replica(
             clock=multilock.SystemClock(offset),
             metrics=False,
         )
+        second = multilock.every(seconds=1)
+        if extras:
+            scheduler.add_job(body, second, name=f"{prefix}-held", args=(f"{prefix}-held",))
         for i in range(jobs):
             job = f"{prefix}-{i}"
-            scheduler.add_job(body, multilock.every(seconds=1), name=job, args=(job,))
+            scheduler.add_job(body, second, name=job, args=(job,))
+        if extras:
+            scheduler.add_job(body, second, name=f"{prefix}-long", args=(f"{prefix}-long", 1.3))
+            off_grid = multilock.every(seconds=1, start=OFF_GRID)
+            scheduler.add_job(body, off_grid, name=f"{prefix}-offset", args=(f"{prefix}-offset",))
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, scheduler.request_stop)
         await scheduler.serve(started=lambda: print("ready", flush=True))
 
@@ -65,11 +85,14 @@ async def replica(
 def main(argv: list[str]) -> None:
     """Run one replica (see the module docstring for the arguments)."""
     url, prefix, jobs, offset, record, name, coordination, *timing = argv
+    extras = timing[4:] == ["extras"]
     logging.basicConfig(level=logging.WARNING, format=f"{name} %(levelname)s %(message)s")
     fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        timings = [float(value) for value in timing]
-        run = replica(url, prefix, int(jobs), float(offset), fd, name, coordination, timings)
+        timings = [float(value) for value in timing[:4]]
+        run = replica(
+            url, prefix, int(jobs), float(offset), fd, name, coordination, timings, extras
+        )
         asyncio.run(run)
     finally:
         os.close(fd)

@@ -4,7 +4,12 @@
 schedulers' 350 ms skew_tolerance), 20 jobs every second with
 ~1 ms bodies, for 20+ ticks: every (job, tick) must run exactly once, as
 recorded by the runs themselves. A second variant SIGKILLs one replica
-mid-way: still no duplicates, and the survivors run every later tick.
+mid-way: still no duplicates, and the survivors run every later tick. The first
+variant also runs what unit tests cannot fake (``extras`` of fleet_replica.py): a
+body of 1.3 s, longer than the hold and the interval, whose runs must never overlap;
+a job ticking at .437 of each second, exactly once per tick; and a job held by an
+outside locker (this process) while its batch-mates are free, which runs no tick
+until the name is let go, then every tick once.
 
 Every selected fleet starts at once (the ``fleets`` fixture), each test then
 waits for its own: the fleets spend their ticks of real time mostly waiting.
@@ -12,6 +17,7 @@ waits for its own: the fleets spend their ticks of real time mostly waiting.
 
 from __future__ import annotations
 
+import itertools
 import math
 import signal
 import subprocess
@@ -25,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+import multilock
 from multilock._locks.registry import backend_for
 from multilock.backend import LockURL
 
@@ -48,6 +55,8 @@ ZOOKEEPER_SESSION = "session_timeout=4s"
 # The TTL of a NATS bucket the fleet creates: a killed replica's keys go that long after
 # their last renewal. (A bucket that exists keeps its own; the recovery bound asks it.)
 NATS_BUCKET_TTL = "bucket_ttl=2s"
+HELD_TICKS = 6  # the outside locker holds PREFIX-held until mid-way after this many ticks
+OFF_GRID_MS = 437  # PREFIX-offset's ticks, in ms after each whole second
 
 
 class Fleet:
@@ -60,8 +69,10 @@ class Fleet:
         coordination: str,
         offsets: tuple[float, ...] = OFFSETS,
         timing: tuple[float, ...] = (SKEW_TOLERANCE, MISFIRE_GRACE, LEASE_TTL, LEADER_POLL),
+        extras: bool = False,
     ) -> None:
         self.url = url
+        self.extras = extras
         self.coordination = coordination
         self.offsets = offsets
         self.timing = timing  # skew_tolerance, misfire_grace, lease_ttl, leader_poll
@@ -75,6 +86,7 @@ class Fleet:
             timing = self.timing
             argv = [self.url, self.prefix, str(JOBS), str(offset), str(self.records[i]), f"r{i}"]
             argv += [self.coordination, *(str(value) for value in timing)]
+            argv += ["extras"] if self.extras else []
             with self.logs[i].open("w") as log:  # a file, not a pipe nobody drains
                 self.procs.append(
                     subprocess.Popen(
@@ -117,9 +129,20 @@ class Fleet:
             if not record.exists():
                 continue
             for line in record.read_text().splitlines():
-                job, fire_ms, _ = line.split(" ")
+                job, fire_ms, *_ = line.split(" ")
                 counted[(job, int(fire_ms))] += 1
         return counted
+
+    def bodies(self, job: str) -> list[tuple[int, int, int, str]]:
+        """The runs of ``job``: (start ms, end ms, fire ms, replica), by start."""
+        found = []
+        for record in self.records:
+            if record.exists():
+                for line in record.read_text().splitlines():
+                    name, fire_ms, replica, start, end = line.split(" ")
+                    if name == job:
+                        found.append((int(start), int(end), int(fire_ms), replica))
+        return sorted(found)
 
     def ticks_by_replica(self) -> list[list[int]]:
         """The fire times (ms) each replica ran, from its record."""
@@ -165,15 +188,28 @@ def _recovery(url: str) -> float:
 
 
 def _run_fleet(
-    url: str, workdir: Path, ticks: int, kill_after: int | None, coordination: str = "lock"
+    url: str,
+    workdir: Path,
+    ticks: int,
+    kill_after: int | None,
+    coordination: str = "lock",
+    extras: bool = False,
 ) -> None:
-    fleet = Fleet(url, workdir, coordination)
+    fleet = Fleet(url, workdir, coordination, extras=extras)
+    outsider = None
+    if extras:  # the name is held before any replica starts
+        outsider = multilock.connect(url)
+        held = outsider.try_acquire(f"{fleet.prefix}-held", ttl=60)
+        assert held is not None, "the outside locker could not take PREFIX-held"
     fleet.start()
     victim = None
     try:
         first = math.ceil(time.time() + 1.5)  # every replica is scheduling by then
         last = first + ticks
         killed_at = None
+        if outsider is not None:
+            _sleep_until(first + HELD_TICKS + 0.5)  # mid-way between two ticks
+            outsider.close()  # lets the name go
         if kill_after is not None:
             _sleep_until(first + kill_after + 0.45)  # mid-way between ticks
             victim = fleet.latest_runner() if coordination == "leader" else 1
@@ -182,6 +218,8 @@ def _run_fleet(
         _sleep_until(last + 1.5)  # the last tick's latest replica has fired
     finally:
         codes = fleet.stop()
+        if outsider is not None:
+            outsider.close()
     survivors = [c for i, c in enumerate(codes) if i != victim]
     assert survivors == [0] * len(survivors), [fleet.stderr(i) for i in range(3)]
 
@@ -201,8 +239,27 @@ def _run_fleet(
         assert before == {victim}, f"only the leader r{victim} should run, not {before}"
         assert len(after) == 1, f"one new leader should run the jobs, not {after}"
         assert victim not in after
+    if extras:
+        must_run |= _check_extras(fleet, first, last)
     missing = sorted(must_run - set(runs))
     assert not missing, f"{len(missing)} of {len(must_run)} (job, tick) never ran: {missing[:10]}"
+
+
+def _check_extras(fleet: Fleet, first: int, last: int) -> set[tuple[str, int]]:
+    """Check the extra jobs' runs; return the (job, tick) that must have run."""
+    released = first + HELD_TICKS + 1  # the first tick after the outside locker let go
+    early = [b for b in fleet.bodies(f"{fleet.prefix}-held") if b[2] < released * 1000]
+    assert not early, f"PREFIX-held ran while an outside locker held it: {early}"
+    long = fleet.bodies(f"{fleet.prefix}-long")
+    # A run holds its lock until it returns, past its hold: the next starts after it ends.
+    overlaps = [(a, b) for a, b in itertools.pairwise(long) if b[0] < a[1]]
+    assert not overlaps, f"two runs of PREFIX-long overlap: {overlaps}"
+    in_window = [b for b in long if first * 1000 <= b[2] < last * 1000]
+    # Each run outlives the next tick (skipped), so at best every other tick runs.
+    assert len(in_window) >= (last - first) // 2 - 1, f"PREFIX-long ran too little: {long}"
+    offset = {(f"{fleet.prefix}-offset", t * 1000 + OFF_GRID_MS) for t in range(first, last)}
+    held = {(f"{fleet.prefix}-held", t * 1000) for t in range(released, last)}
+    return offset | held
 
 
 BACKENDS = ("file", "postgres", "redis", "zookeeper", "mysql", "etcd", "nats")
@@ -212,7 +269,7 @@ LEADER_BACKENDS = ("file", "postgres", "mysql")
 
 
 def _exactly_once(url: str, workdir: Path) -> None:
-    _run_fleet(url, workdir, TICKS, kill_after=None)
+    _run_fleet(url, workdir, TICKS, kill_after=None, extras=True)
 
 
 def _killed(url: str, workdir: Path) -> None:

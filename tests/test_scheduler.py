@@ -76,7 +76,10 @@ class Events:
 
 
 def scheduler(
-    lock: str | multilock.DistributedLock, clock: multilock.Clock, events: Events, **options: object
+    lock: str | multilock.DistributedLock | multilock.AsyncDistributedLock,
+    clock: multilock.Clock,
+    events: Events,
+    **options: object,
 ) -> Scheduler:
     """A scheduler on ``lock`` with metrics off and ``events`` listening."""
     options.setdefault("stop_timeout", 2)  # a lease hold left pending at exit costs this
@@ -419,20 +422,56 @@ def test_a_sync_lockers_lost_lease_cancels_the_run() -> None:
     url, clock, events = namespace(), manual(), Events()
     outcome: list[str] = []
 
+    async def guarded() -> None:
+        outcome.append("began")
+        await blocked(outcome)
+
     with multilock.connect(url) as locker:
 
         async def scenario() -> None:
             sched = scheduler(locker, clock, events)
-            sched.add_job(blocked, every(seconds=60), name="guarded", args=(outcome,))
+            sched.add_job(guarded, every(seconds=60), name="guarded")
             async with sched:
                 clock.set(T0 + 60)
-                await until(lambda: held_names(url) == ["guarded"], "the lease is taken")
+                # The body itself says it runs: the lease is taken (in the sync locker's
+                # thread) before the scheduler starts the run, and a loss landing in
+                # between cancels the run before its body's first line (next test).
+                await until(lambda: outcome == ["began"], "the body runs")
                 AsyncMemoryLocker(LockURL.parse(url)).revoke("guarded", "connection killed")
-                await until(lambda: outcome == ["cancelled"], "the run is cancelled")
+                await until(lambda: outcome == ["began", "cancelled"], "the run is cancelled")
 
         asyncio.run(scenario())
     (lost,) = events.of(EventKind.LEASE_LOST)
     assert lost.reason == "connection killed"
+
+
+def test_a_lease_lost_before_its_run_starts_is_reported_lost() -> None:
+    """The loss lands between the grant and the run: the run is cancelled and reported
+    ``lease_lost``, never as a success, and its body never gets past its first await."""
+    url, clock, events = namespace(), manual(), Events()
+    outcome: list[str] = []
+    locker = CountingLocker(url)
+    locker.lose_on_grant = "connection killed"
+
+    async def guarded() -> None:
+        outcome.append("began")
+        await asyncio.sleep(0)
+        outcome.append("finished")
+
+    async def scenario() -> None:
+        sched = scheduler(cast(multilock.AsyncDistributedLock, locker), clock, events)
+        sched.add_job(guarded, every(seconds=60), name="guarded")
+        async with sched:
+            clock.set(T0 + 60)
+            await settle()
+            clock.set(T0 + 61)
+            await settle()
+            assert held_names(url) == []
+
+    asyncio.run(scenario())
+    assert "finished" not in outcome
+    (lost,) = [e for e in events.seen if e.kind is not EventKind.STARTED]
+    assert (lost.kind, lost.reason) == (EventKind.LEASE_LOST, "connection killed")
 
 
 # --- several replicas ------------------------------------------------------------------------
@@ -525,6 +564,7 @@ class CountingLocker:
         self.inner = AsyncMemoryLocker(LockURL.parse(url))
         self.batches: list[list[str]] = []
         self.unavailable = False
+        self.lose_on_grant: str | None = None  # a reason: every lease is lost as granted
         self.capabilities = self.inner.capabilities
         self.url = self.inner.url
 
@@ -538,7 +578,12 @@ class CountingLocker:
         self.batches.append(names)
         if self.unavailable:
             raise BackendUnavailable("connection refused")
-        return await self.inner.try_acquire_many(names, ttl=ttl)
+        granted = await self.inner.try_acquire_many(names, ttl=ttl)
+        if self.lose_on_grant is not None:
+            for name, lease in granted.items():
+                if lease is not None:
+                    self.inner.revoke(name, self.lose_on_grant)
+        return granted
 
     async def aclose(self) -> None:
         await self.inner.aclose()

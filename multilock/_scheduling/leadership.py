@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 
+from .._locks.outcome import finish_shielded
 from .._masking import masked_line
 from ..abc import AsyncDistributedLock, AsyncLease, Capability
 from ..errors import BackendUnavailable, LockLost
@@ -42,10 +44,24 @@ def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
 async def _extend_periodically(
     lease: AsyncLease, ttl: float, clock: Clock, unanswered: Callable[[str, str], bool]
 ) -> None:
-    while lease.held:
-        await clock.sleep_until(clock.now() + ttl / 3)
+    period = ttl / 3
+    while True:
+        # At the next multiple of ttl/3 on the clock, not ttl/3 after this task began: a
+        # lease handed from run to run (the next tick taking over the hold), each run
+        # with a renewal of its own, is still extended every ttl/3 however often the
+        # runs change (restarting the wait at each one, it expired).
+        now = clock.now()
+        deadline = (math.floor(now / period) + 1) * period
+        while deadline <= now:  # float rounding, near a multiple
+            deadline += period
+        await clock.sleep_until(deadline)
+        if not lease.held:  # released (maybe still in flight) or lost meanwhile
+            return
         try:
-            await lease.extend(ttl)
+            # Finished even if this renewal is cancelled meanwhile (the next tick took the
+            # lease over and starts its own): a dropped extension, tick after tick, let it
+            # expire.
+            await finish_shielded(lease.extend(ttl))
         except BackendUnavailable as exc:  # its lost signal tells the holder
             if unanswered(masked_line(exc), "extends failed"):
                 log.warning("extending the lease on %s failed: %s", lease.name, masked_line(exc))

@@ -369,15 +369,20 @@ class Scheduler(Service):
             return
         self._stopping = True
         self._disarm()
-        for task in [*self._tasks, *self._probes]:
+        for task in list(self._probes):
             task.cancel()
-        for task in [*self._tasks, *self._probes]:
+        for task in list(self._probes):
             await wait_quietly(task)
-        self._tasks.clear()
+        # A leader's task renews the leader lease its runs run under: it is stopped only
+        # once they are over (on a TTL backend that does not renew, the lease would expire
+        # under them). A follower stops competing at once.
+        if not self.is_leader:
+            await self._cancel_tasks()
         if self._active or self._runs:
             self._quiet = asyncio.get_running_loop().create_future()
             await asyncio.wait({self._quiet}, timeout=self.stop_timeout)
             self._quiet = None
+        await self._cancel_tasks()
         for run in list(self._active):
             run.abort()  # its lease is still in _held: released below
         self._timers = None  # its pending timers die with this loop
@@ -511,6 +516,13 @@ class Scheduler(Service):
         of it (to be logged), else it is counted as one more ``what``."""
         self._reachable = (False, f"backend unreachable: {problem}")
         return self._outage.report(problem, what)
+
+    async def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            await wait_quietly(task)
+        self._tasks.clear()
 
     def use_lock(self, lock: str | AsyncDistributedLock | DistributedLock) -> None:
         """Replace the lock (a URL or a locker) before the scheduler starts.
@@ -663,6 +675,8 @@ class Scheduler(Service):
         state = due.state
         while not state.ready:  # the previous run, or its lease release
             await state.changed()
+            if self.clock.now() - due.fire.timestamp() > due.job.misfire_grace:
+                break  # missed already: said now, not once the job is free (if ever)
         late = self.clock.now() - due.fire.timestamp()
         if self._stopping:
             return
@@ -763,9 +777,10 @@ class Scheduler(Service):
         runs: list[_Start] = []
         for due in shared:
             lease = leases.get(due.job.name)
-            if self._stopping:  # granted while stopping: stop() releases what is held
-                if lease is not None:
+            if self._stopping:  # granted while stopping: no run, so no hold either
+                if lease is not None:  # let it go now: kept, other replicas would skip it
                     self._held.add(lease)
+                    self._spawn(self._release(lease))  # a task: stop() waits for it
                 due.state.settle()
             elif lease is None:
                 self._skip_held(due, "another replica holds it")

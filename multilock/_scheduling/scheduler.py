@@ -344,6 +344,8 @@ class Scheduler(Service):
             self._loop = None
             await self._reset_locker()
             raise
+        if self._stopping:  # stop() came while the backend was probed: it tears down
+            return
         self._queue.clear()
         for state in list(self._states.values()):
             self._install(state)
@@ -447,6 +449,8 @@ class Scheduler(Service):
         while True:
             attempt += 1
             problem = await self._probe()
+            if self._stopping:
+                return
             if problem is None:
                 if attempt > 1:
                     log.info("backend answered at attempt %d", attempt)
@@ -489,6 +493,8 @@ class Scheduler(Service):
         done, _ = await asyncio.wait({probe}, timeout=_PROBE_TIMEOUT)
         if not done:
             return f"{self._locker.url}: no answer within {_PROBE_TIMEOUT:g}s"
+        if probe.cancelled():  # by stop()
+            return "the scheduler is stopping"
         problem = probe.result()
         if problem is None:
             self._answered()

@@ -150,8 +150,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         _SCHEDULER,
         (
             (
-                "self._emit(EventKind.FAILED, due.job, due.fire, error=exc,",
-                "self._emit(EventKind.SKIPPED_HELD, due.job, due.fire, error=exc,",
+                "EventKind.MISSED, due.job, due.fire, error=exc, reason=reason, logged=first",
+                "EventKind.SKIPPED_HELD, due.job, due.fire, error=exc, reason=reason, logged=first",
             ),
         ),
     ),

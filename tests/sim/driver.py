@@ -115,6 +115,7 @@ class _Replica:
             )
         self.scheduler.add_listener(self.listen)
         self.stopping: asyncio.Task[None] | None = None
+        self.requested = False  # start() called (it may still be probing the backend)
 
     async def body(self, job: JobSpec) -> None:
         """The job: it runs for the scenario's duration of its tick, and says so."""
@@ -137,8 +138,11 @@ class _Replica:
             self.history.seen.append(Seen(self.time.now, self.index, event))
 
     async def start(self) -> None:
-        self.life.started = self.time.now
+        self.requested = True
         await self.scheduler.start()
+        # Up (alive to try ticks) once started: a start first probes the backend.
+        if self.stopping is None:
+            self.life.started = self.time.now
 
     def stop(self) -> None:
         if self.stopping is not None:
@@ -211,15 +215,18 @@ async def simulate(scenario: Scenario) -> History:
     actions.sort(key=lambda action: action[:2])
     end = T0 + scenario.length
     ended = False
+    starting: list[asyncio.Future[None]] = []
     for _ in range(_MAX_STEPS):
         await quiesce()
         if not ended and time.now >= end:
             ended = True
             for replica in replicas:
-                if replica.life.started is not None:
+                if replica.requested:
                     replica.stop()
             continue
         if ended and all(r.stopping is None or r.stopping.done() for r in replicas):
+            for task in starting:
+                task.result()  # a start that failed fails the scenario
             return history
         due = [time.next_deadline(), world.next_expiry()]
         due += [actions[0][0] if actions else None, None if ended else end]
@@ -231,7 +238,9 @@ async def simulate(scenario: Scenario) -> History:
         while actions and actions[0][0] <= time.now:
             result = actions.pop(0)[2]()
             if asyncio.iscoroutine(result):
-                await result
+                # In a task of its own: a start waits for its probe of the backend, which
+                # answers only as simulated time goes on.
+                starting.append(asyncio.ensure_future(result))
     raise AssertionError(f"the scenario did not end within {_MAX_STEPS} instants")
 
 

@@ -35,6 +35,7 @@ from .invariants import violations
 from .scenario import Fault, JobSpec, ReplicaSpec, Scenario, scenarios
 
 EXAMPLES = int(os.environ.get("MULTILOCK_SIM_EXAMPLES", "1200"))
+_WALL_SECONDS = 60.0  # one scenario takes well under a second
 PHASES = tuple(Phase) if os.environ.get("MULTILOCK_SIM_SHRINK", "1") != "0" else (Phase.generate,)
 SIMULATION = settings(
     max_examples=EXAMPLES,
@@ -51,7 +52,10 @@ def check(scenario: Scenario, *, assume_within: bool = False) -> History:
     quiet = logging.getLogger("multilock")
     level, quiet.level = quiet.level, logging.CRITICAL + 1  # the events say it all, faster
     try:
-        history = asyncio.run(simulate(scenario))
+        # Bounded in real time too: a scenario that deadlocks (the loop idle, waiting on
+        # something simulated time never brings) fails as itself, where pytest-timeout's
+        # one alarm would be caught by hypothesis and the shrinking rerun would hang.
+        history = asyncio.run(asyncio.wait_for(simulate(scenario), _WALL_SECONDS))
     finally:
         quiet.setLevel(level)
     broken = violations(history, assume_within=assume_within)

@@ -82,11 +82,13 @@ class Thing:
 '''
 
 
-def write(root: Path, files: dict[str, str]) -> None:
+def write(root: Path, files: dict[str, str]) -> Path:
+    """``files`` (dedented) written under ``root``; ``root``."""
     for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
+    return root
 
 
 def generate(root: Path, *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
@@ -95,18 +97,22 @@ def generate(root: Path, *args: str, script: Path = SCRIPT) -> subprocess.Comple
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
+def generate_and_check(root: Path) -> None:
+    """Generate, then ``--check``: what was just written is current."""
+    first = generate(root)
+    assert first.returncode == 0, first.stderr
+    again = generate(root, "--check")
+    assert (again.returncode, again.stderr) == (0, "")
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    write(tmp_path, {"rules.toml": PACKAGE_RULES, "pkg/_async/things.py": ASYNC_MODULE})
-    return tmp_path
+    return write(tmp_path, {"rules.toml": PACKAGE_RULES, "pkg/_async/things.py": ASYNC_MODULE})
 
 
 def test_package_module_generated_with_its_header(tree: Path) -> None:
-    first = generate(tree)
-    assert first.returncode == 0, first.stderr
+    generate_and_check(tree)
     assert (tree / "pkg/_sync/things.py").read_text() == SYNC_MODULE
-    again = generate(tree, "--check")
-    assert (again.returncode, again.stderr) == (0, "")
 
 
 def test_check_names_a_stale_file_and_shows_the_diff(tree: Path) -> None:
@@ -139,16 +145,6 @@ def test_a_common_rule_that_matches_nothing_fails(tree: Path) -> None:
     assert "[names]: aclose = 'close' matches nothing" in done.stderr
 
 
-def test_an_async_name_without_a_rule_fails(tree: Path) -> None:
-    write(tree, {"pkg/_async/other.py": "from x import AsyncOther\n\nvalue = AsyncOther\n"})
-    done = generate(tree)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "scripts/async_to_sync.py: pkg/_async/other.py:1: no rule renames AsyncOther for the"
-        " sync code (add a rule to async_to_sync.toml, or mark the statement # async-only)"
-    ]
-
-
 def test_async_only_statements_are_left_out_with_their_comments(tree: Path) -> None:
     write(
         tree,
@@ -178,18 +174,36 @@ def test_async_only_statements_are_left_out_with_their_comments(tree: Path) -> N
     assert text.endswith('def kept() -> None:\n    print("kept")\n')
 
 
-def test_a_marker_must_be_directly_above_a_statement(tree: Path) -> None:
-    write(tree, {"pkg/_async/other.py": "x = 1\n# async-only\n\ny = 2\n"})
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "from x import AsyncOther\n\nvalue = AsyncOther\n",
+            "pkg/_async/other.py:1: no rule renames AsyncOther for the sync code (add a rule"
+            " to async_to_sync.toml, or mark the statement # async-only)",
+        ),
+        (
+            "x = 1\n# async-only\n\ny = 2\n",
+            "pkg/_async/other.py:2: # async-only is not directly above a statement",
+        ),
+        (
+            "x = 1  # async-only\n",
+            "pkg/_async/other.py:1: # async-only must be a line of its own",
+        ),
+        (
+            "# sync-by-hand\nx = 1\n",
+            "pkg/_async/other.py:1: # sync-by-hand applies to classes only",
+        ),
+    ],
+    ids=["async-name-without-rule", "marker-above-nothing", "marker-inline", "by-hand-in-package"],
+)
+def test_a_source_it_cannot_convert_fails_in_one_line(
+    tree: Path, source: str, message: str
+) -> None:
+    write(tree, {"pkg/_async/other.py": source})
     done = generate(tree)
     assert done.returncode == 2
-    assert "pkg/_async/other.py:2: # async-only is not directly above a statement" in done.stderr
-
-
-def test_by_hand_applies_to_classes_only(tree: Path) -> None:
-    write(tree, {"pkg/_async/other.py": "# sync-by-hand\nx = 1\n"})
-    done = generate(tree)
-    assert done.returncode == 2
-    assert "# sync-by-hand applies to classes only" in done.stderr
+    assert done.stderr.strip().splitlines() == [f"scripts/async_to_sync.py: {message}"]
 
 
 def test_a_generated_module_whose_source_is_gone_goes(tree: Path) -> None:
@@ -279,21 +293,17 @@ class Locker(Base):
 
 @pytest.fixture
 def module(tmp_path: Path) -> Path:
-    write(tmp_path, {"rules.toml": CLASS_RULES, "core.py": CLASS_MODULE})
-    return tmp_path
+    return write(tmp_path, {"rules.toml": CLASS_RULES, "core.py": CLASS_MODULE})
 
 
 def test_sync_class_generated_below_its_hand_written_part(module: Path) -> None:
-    done = generate(module)
-    assert done.returncode == 0, done.stderr
+    generate_and_check(module)
     text = (module / "core.py").read_text()
     assert GENERATED_CLASS in text
     assert text.replace(GENERATED_CLASS, "") == CLASS_MODULE.replace(
         CLASS_MODULE[CLASS_MODULE.index("class Locker") : CLASS_MODULE.index("class AsyncLocker")],
         "\n\n",
     )
-    again = generate(module, "--check")
-    assert (again.returncode, again.stderr) == (0, "")
 
 
 @pytest.mark.parametrize(

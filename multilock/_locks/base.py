@@ -133,8 +133,6 @@ class _LeaseState:
 class LeaseBase(_LeaseState):
     """Sync lease base: implement ``_release()`` and ``_extend(ttl)``."""
 
-    __slots__ = ()
-
     def release(self) -> bool:
         """Release the lock; ``True`` if this call released it. Idempotent."""
         if self._released:
@@ -143,6 +141,9 @@ class LeaseBase(_LeaseState):
         # Even a lease reported lost is released on the backend: "lost" may mean
         # "could not be confirmed", and _release() is a compare-and-delete anyway.
         return self._release()
+
+    # Generated from AsyncLeaseBase by scripts/async_to_sync.py: edit that class and rerun.
+    __slots__ = ()
 
     def extend(self, ttl: Duration | None = None) -> None:
         """Push the expiry ``ttl`` (default: the acquire ttl) into the future."""
@@ -169,6 +170,7 @@ class AsyncLeaseBase(_LeaseState):
 
     __slots__ = ()
 
+    # sync-by-hand: the async release is shielded from the caller's cancellation
     async def release(self) -> bool:
         """Release the lock even when the caller is being cancelled. Idempotent."""
         if self._released:
@@ -177,6 +179,7 @@ class AsyncLeaseBase(_LeaseState):
         started = self._start_release()
         return await wait_finished(in_task(self._release()) if started is None else started)
 
+    # async-only: an Outcome is an asyncio future
     def _release_started(self) -> Outcome[bool] | None:
         """:meth:`release` for a caller that cannot await (the scheduler ending a lease
         hold from a timer): the release starts now and its :class:`Outcome` is returned.
@@ -197,12 +200,14 @@ class AsyncLeaseBase(_LeaseState):
     async def _release(self) -> bool:
         raise NotImplementedError
 
+    # async-only
     def _start_release(self) -> Outcome[bool] | None:
         """Optional: send the release now and return the :class:`Outcome` of what
         ``_release()`` would return; ``None``: use ``_release()`` (in a task)."""
         return None
 
     async def _extend(self, ttl: float | None) -> float | None:
+        """Extend on the backend; return the new ttl (``None``: session-bound)."""
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:
@@ -306,6 +311,16 @@ class LockerBase(_LockerCommon):
             self._closed = True
             self._close()
 
+    def _release_many(self, leases: Sequence[LeaseBase]) -> None:
+        """Release ``leases`` (all of this locker) as ``release()`` each would, in one
+        round trip where the backend overrides ``_release_leases``: for the scheduler,
+        whose lease holds end together. The first error is raised after the rest."""
+        pending = [lease for lease in leases if not lease._released]
+        for lease in pending:
+            lease._released = True
+        self._release_leases(pending)
+
+    # Generated from AsyncLockerBase by scripts/async_to_sync.py: edit that class and rerun.
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
         raise NotImplementedError
 
@@ -320,15 +335,6 @@ class LockerBase(_LockerCommon):
                     lease.release()
             raise
         return result
-
-    def _release_many(self, leases: Sequence[LeaseBase]) -> None:
-        """Release ``leases`` (all of this locker) as ``release()`` each would, in one
-        round trip where the backend overrides ``_release_leases``: for the scheduler,
-        whose lease holds end together. The first error is raised after the rest."""
-        pending = [lease for lease in leases if not lease._released]
-        for lease in pending:
-            lease._released = True
-        self._release_leases(pending)
 
     def _release_leases(self, leases: list[LeaseBase]) -> None:
         """Optional: free ``leases`` in one round trip. By default, one at a time."""
@@ -356,6 +362,7 @@ class LockerBase(_LockerCommon):
 class AsyncLockerBase(_LockerCommon):
     """Async locker base: implement ``async _try_acquire`` and ``async _close``."""
 
+    # sync-by-hand: the async acquire may start at once, and is undone if cancelled
     async def try_acquire(self, name: str, *, ttl: Duration | None = None) -> AsyncLeaseBase | None:
         """A lease on ``name`` or ``None``; a cancelled acquire leaves nothing held."""
         checked, seconds = self._check(name), self._ttl(ttl)
@@ -363,6 +370,7 @@ class AsyncLockerBase(_LockerCommon):
         work = self._try_acquire(checked, seconds) if started is None else started
         return await undo_on_cancel(work, _one_lease)
 
+    # sync-by-hand: as try_acquire
     async def try_acquire_many(
         self, names: Iterable[str], *, ttl: Duration | None = None
     ) -> dict[str, AsyncLeaseBase | None]:
@@ -372,6 +380,7 @@ class AsyncLockerBase(_LockerCommon):
         work = self._try_acquire_many(checked, seconds) if started is None else started
         return await undo_on_cancel(work, lambda leases: list(leases.values()))
 
+    # async-only
     def _try_acquire_many_started(
         self, names: Iterable[str], ttl: float
     ) -> Outcome[dict[str, AsyncLeaseBase | None]] | None:
@@ -381,6 +390,7 @@ class AsyncLockerBase(_LockerCommon):
         still release what it grants (:func:`undo_on_cancel` does)."""
         return self._start_try_acquire_many(self._names(names), self._ttl(ttl))
 
+    # sync-by-hand: the async close is shielded from the caller's cancellation
     async def aclose(self) -> None:
         """Release every lease still held and close the connection. Idempotent."""
         if not self._closed:
@@ -390,6 +400,7 @@ class AsyncLockerBase(_LockerCommon):
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         raise NotImplementedError
 
+    # async-only
     def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None] | None:
         """Optional: send the acquire now and return the :class:`Outcome` of what
         ``_try_acquire()`` would return; ``None``: use ``_try_acquire()`` (in a task).
@@ -398,6 +409,7 @@ class AsyncLockerBase(_LockerCommon):
         """
         return None
 
+    # async-only
     def _start_try_acquire_many(
         self, names: list[str], ttl: float
     ) -> Outcome[dict[str, AsyncLeaseBase | None]] | None:
@@ -439,6 +451,7 @@ class AsyncLockerBase(_LockerCommon):
             raise
         return result
 
+    # sync-by-hand: shielded from the caller's cancellation
     async def _release_many(self, leases: Sequence[AsyncLeaseBase]) -> None:
         """Release ``leases`` (all of this locker) as ``release()`` each would, in one
         round trip where the backend overrides ``_release_leases``: for the scheduler,

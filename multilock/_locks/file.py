@@ -94,6 +94,7 @@ class _FileLockState:
 class FileLease(LeaseBase):
     """A lease of the ``file://`` backend (sync API)."""
 
+    # Generated from AsyncFileLease by scripts/async_to_sync.py: edit that class and rerun.
     __slots__ = ("_state",)
 
     def _release(self) -> bool:
@@ -112,7 +113,7 @@ class AsyncFileLease(AsyncLeaseBase):
         return self._state.release()  # type: ignore[attr-defined,no-any-return]
 
     async def _extend(self, ttl: float | None) -> float | None:
-        return None
+        return None  # bound to the descriptor: nothing expires
 
 
 class _FileCommon:
@@ -339,6 +340,7 @@ def _flock_inodes() -> set[int] | None:
 class FileLocker(_FileCommon, LockerBase):
     """Sync locker of ``file://``."""
 
+    # Generated from AsyncFileLocker by scripts/async_to_sync.py: edit that class and rerun.
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
 

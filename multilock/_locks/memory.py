@@ -82,6 +82,7 @@ def _drop(lease: Any) -> bool:
 class MemoryLease(LeaseBase):
     """A lease of the ``memory://`` backend (sync API)."""
 
+    # Generated from AsyncMemoryLease by scripts/async_to_sync.py: edit that class and rerun.
     __slots__ = ("_mine", "_space")
 
     def _release(self) -> bool:
@@ -99,12 +100,12 @@ class AsyncMemoryLease(AsyncLeaseBase):
     async def _release(self) -> bool:
         return _drop(self)
 
+    # async-only: nothing to wait for, settled at once, so the base awaits no task
     def _start_release(self) -> Outcome[bool]:
-        # Nothing to wait for: settled at once, so the base awaits no task.
         return _settled(_drop(self))
 
     async def _extend(self, ttl: float | None) -> float | None:
-        return None
+        return None  # process-bound: nothing to extend
 
 
 def _settled(value: T) -> Outcome[T]:
@@ -162,6 +163,7 @@ class _MemoryCommon:
 class MemoryLocker(_MemoryCommon, LockerBase):
     """Sync locker of ``memory://``."""
 
+    # Generated from AsyncMemoryLocker by scripts/async_to_sync.py: edit that class and rerun.
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
 
@@ -183,10 +185,12 @@ class AsyncMemoryLocker(_MemoryCommon, AsyncLockerBase):
         lease: AsyncLeaseBase | None = self._take(name, AsyncMemoryLease)
         return lease
 
+    # async-only
     def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None]:
         lease: AsyncLeaseBase | None = self._take(name, AsyncMemoryLease)
         return _settled(lease)
 
+    # async-only
     def _start_try_acquire_many(
         self, names: list[str], ttl: float
     ) -> Outcome[dict[str, AsyncLeaseBase | None]]:

@@ -1,7 +1,7 @@
 """What the generated sync code swaps for the async code: primitives and driver glue.
 
 The locker is written once, for asyncio and aiomysql, under ``_async/``;
-``scripts/unasync.py`` renames ``aiomysql`` to ``pymysql`` and each ``Async*`` or
+``scripts/async_to_sync.py`` renames ``aiomysql`` to ``pymysql`` and each ``Async*`` or
 ``async_*`` name here to its twin when it generates ``_sync/``. Each pair has the
 same shape in both worlds.
 

@@ -1,6 +1,6 @@
 """The concurrency primitives the generated sync code swaps for the async ones.
 
-The locker is written once, for asyncio, under ``_async/``; ``scripts/unasync.py``
+The locker is written once, for asyncio, under ``_async/``; ``scripts/async_to_sync.py``
 renames ``AsyncMutex``, ``AsyncTicker``, ``AsyncDeadline`` and ``AsyncSocketWatch``
 to ``Mutex``, ``Ticker``, ``Deadline`` and ``SocketWatch`` when it generates
 ``_sync/``. Each pair here has the same shape in both worlds.

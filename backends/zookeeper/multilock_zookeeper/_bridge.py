@@ -8,7 +8,7 @@ No thread is started per call. Both only *wait*: they never take a result
 apart, so that what a result means is decided once, in ``_session``.
 
 The ``_async`` locker calls ``async_settle`` and ``async_stop``;
-``scripts/unasync.py`` turns them into ``sync_settle`` and ``sync_stop`` in the
+``scripts/async_to_sync.py`` turns them into ``sync_settle`` and ``sync_stop`` in the
 generated ``_sync`` locker. ``async_outcome`` serves the async API's hot path
 (``_started``): the outcome of what results mean, settled on the loop, which the
 core awaits with no task of its own.

@@ -9,7 +9,7 @@ signal and the errors raised are the same. The task path (``_try_acquire``,
 ``_release`` in ``_async/locker.py``) stays for an acquire that has to wait for
 the session to connect first, and for ``try_acquire_many``.
 
-The mixins are named so that ``scripts/unasync.py`` maps each ``Async`` one to its
+The mixins are named so that ``scripts/async_to_sync.py`` maps each ``Async`` one to its
 ``Sync`` twin, which adds nothing: the sync API waits in the caller's thread.
 """
 

@@ -1,6 +1,6 @@
 """etcd's v3 JSON gateway: the source of both APIs' requests.
 
-The sync twin in ``_sync/`` is generated from this module by ``scripts/unasync.py``.
+The sync twin in ``_sync/`` is generated from this module by ``scripts/async_to_sync.py``.
 
 One member is asked at a time, the first of the URL to begin with. A request that
 could not reach it (refused, no route, connect timeout: nothing was sent) goes to the

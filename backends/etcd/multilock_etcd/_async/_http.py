@@ -1,6 +1,6 @@
 """HTTP/1.1 to one etcd member with h11: the source of both APIs' connections.
 
-The sync twin in ``_sync/`` is generated from this module by ``scripts/unasync.py``.
+The sync twin in ``_sync/`` is generated from this module by ``scripts/async_to_sync.py``.
 
 h11 (python-hyper's sans-I/O HTTP/1.1, the protocol layer under httpcore) parses and
 frames; this module only moves its bytes over a stream of ``_streams``. A connection

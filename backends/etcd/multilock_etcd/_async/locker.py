@@ -1,6 +1,6 @@
 """The etcd locker and lease: the source of truth for both APIs.
 
-The sync API in ``_sync/`` is generated from this module by ``scripts/unasync.py``;
+The sync API in ``_sync/`` is generated from this module by ``scripts/async_to_sync.py``;
 change this file, then rerun the script.
 
 An acquire is one transaction (``_wire.acquire_request``) on the locker's etcd lease for

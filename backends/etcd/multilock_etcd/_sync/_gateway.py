@@ -1,9 +1,8 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/etcd/multilock_etcd/_async/_gateway.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/etcd/multilock_etcd/_async/_gateway.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """etcd's v3 JSON gateway: the source of both APIs' requests.
 
-The sync twin in ``_sync/`` is generated from this module by ``scripts/unasync.py``.
+The sync twin in ``_sync/`` is generated from this module by ``scripts/async_to_sync.py``.
 
 One member is asked at a time, the first of the URL to begin with. A request that
 could not reach it (refused, no route, connect timeout: nothing was sent) goes to the

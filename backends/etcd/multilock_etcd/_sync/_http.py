@@ -1,9 +1,8 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/etcd/multilock_etcd/_async/_http.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/etcd/multilock_etcd/_async/_http.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """HTTP/1.1 to one etcd member with h11: the source of both APIs' connections.
 
-The sync twin in ``_sync/`` is generated from this module by ``scripts/unasync.py``.
+The sync twin in ``_sync/`` is generated from this module by ``scripts/async_to_sync.py``.
 
 h11 (python-hyper's sans-I/O HTTP/1.1, the protocol layer under httpcore) parses and
 frames; this module only moves its bytes over a stream of ``_streams``. A connection

@@ -1,9 +1,8 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/etcd/multilock_etcd/_async/locker.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/etcd/multilock_etcd/_async/locker.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """The etcd locker and lease: the source of truth for both APIs.
 
-The sync API in ``_sync/`` is generated from this module by ``scripts/unasync.py``;
+The sync API in ``_sync/`` is generated from this module by ``scripts/async_to_sync.py``;
 change this file, then rerun the script.
 
 An acquire is one transaction (``_wire.acquire_request``) on the locker's etcd lease for

@@ -1,6 +1,5 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/mysql/multilock_mysql/_async/locker.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/mysql/multilock_mysql/_async/locker.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """The MySQL/MariaDB locker: user-level locks (``GET_LOCK``) on one dedicated session.
 
 One connection per locker holds every lease of that locker; it is never pooled and

@@ -1,4 +1,3 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/postgres/multilock_postgres/_async/__init__.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/postgres/multilock_postgres/_async/__init__.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """The PostgreSQL locker, written once: ``_async`` is the source, ``_sync`` is generated."""

@@ -1,6 +1,5 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/postgres/multilock_postgres/_async/locker.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/postgres/multilock_postgres/_async/locker.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """The PostgreSQL locker: advisory locks on one dedicated session connection.
 
 One connection per locker holds every lease of that locker; it is never

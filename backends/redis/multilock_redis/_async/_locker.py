@@ -1,7 +1,7 @@
 """The Redis locker and lease: the source of truth for both APIs.
 
 The sync API in ``_sync/`` is generated from this module by
-``scripts/unasync.py``; change this file, then rerun the script.
+``scripts/async_to_sync.py``; change this file, then rerun the script.
 """
 
 from __future__ import annotations

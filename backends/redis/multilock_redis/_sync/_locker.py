@@ -1,10 +1,9 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/redis/multilock_redis/_async/_locker.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/redis/multilock_redis/_async/_locker.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """The Redis locker and lease: the source of truth for both APIs.
 
 The sync API in ``_sync/`` is generated from this module by
-``scripts/unasync.py``; change this file, then rerun the script.
+``scripts/async_to_sync.py``; change this file, then rerun the script.
 """
 
 from __future__ import annotations

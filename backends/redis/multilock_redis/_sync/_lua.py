@@ -1,6 +1,5 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/redis/multilock_redis/_async/_lua.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/redis/multilock_redis/_async/_lua.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """Running the Lua scripts: ``EVALSHA``, and loading a script the server lacks.
 
 A locker runs them on a connection of its own (its link, below), not through

@@ -1,6 +1,5 @@
-# This file was generated from the async source by scripts/unasync.py:
-# backends/zookeeper/multilock_zookeeper/_async/locker.py.
-# Do not edit it; change the source and rerun the script.
+# Generated from backends/zookeeper/multilock_zookeeper/_async/locker.py
+# by scripts/async_to_sync.py: do not edit; change that file and rerun.
 """The async ``zookeeper://`` locker and lease (the source the sync ones are generated from).
 
 Only the flow lives here: send requests (``Session``), wait for them

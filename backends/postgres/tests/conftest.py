@@ -5,6 +5,7 @@ database) through :func:`multilock.testing.server_url`, which skips when it is
 down -- or fails when backends are required, as in CI. Tests that restart a
 server or need TLS get a private cluster (``private_server``), with certificates
 of a throwaway CA made by the repository's ``scripts/test-ca`` (``test_ca``).
+The topology tests put Debian's PgBouncer in front of a server (``pgbouncer``).
 """
 
 from __future__ import annotations
@@ -190,6 +191,17 @@ def _bindir() -> Path | None:
     return versions[-1].parent if versions else None
 
 
+def _run_as() -> str | None:
+    """The user to run a server as: ``postgres`` when we are root (servers refuse root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("running as root and there is no postgres user to run a server as")
+    return "postgres"
+
+
 class PrivateServer:
     """A PostgreSQL cluster in a temporary directory, on a free port, that a test may
     stop, start and reconfigure. As root it runs as the ``postgres`` user (the server
@@ -197,13 +209,7 @@ class PrivateServer:
 
     def __init__(self, bindir: Path) -> None:
         self._bindir = bindir
-        self._user: str | None = None
-        if os.geteuid() == 0:
-            try:
-                pwd.getpwnam("postgres")
-            except KeyError:
-                pytest.skip("running as root and there is no postgres user to run a server as")
-            self._user = "postgres"
+        self._user = _run_as()
         self.directory = Path(tempfile.mkdtemp(prefix="multilock-pg-"))
         if self._user:
             shutil.chown(self.directory, self._user)
@@ -288,6 +294,106 @@ class PrivateServer:
         """Stop and delete the cluster."""
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class PgBouncer:
+    """Debian's ``pgbouncer`` on a free loopback port, in front of ``host:port``, every
+    database passed through, trusting every client (as the servers of these tests do).
+    ``settings`` go into its ``[pgbouncer]`` section (``pool_mode``, ``default_pool_size``,
+    ``server_round_robin``...)."""
+
+    def __init__(self, host: str, port: int, **settings: str | int) -> None:
+        self._user = _run_as()
+        self.directory = Path(tempfile.mkdtemp(prefix="multilock-pgbouncer-"))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port: int = probe.getsockname()[1]
+        options: dict[str, str | int] = {
+            "listen_addr": "127.0.0.1",
+            "listen_port": self.port,
+            "unix_socket_dir": "",
+            "auth_type": "trust",
+            "auth_file": str(self.directory / "userlist.txt"),
+            "logfile": str(self.directory / "pgbouncer.log"),
+            "max_client_conn": 500,
+            # psycopg sends nothing else at startup; an unknown one would be refused.
+            "ignore_startup_parameters": "extra_float_digits",
+            **settings,
+        }
+        config = "\n".join(f"{key} = {value}" for key, value in options.items())
+        (self.directory / "pgbouncer.ini").write_text(
+            f"[databases]\n* = host={host} port={port}\n\n[pgbouncer]\n{config}\n"
+        )
+        # trust still looks the user up in the auth file.
+        (self.directory / "userlist.txt").write_text('"postgres" ""\n')
+        if self._user:
+            for path in (self.directory, *self.directory.iterdir()):
+                shutil.chown(path, self._user)
+        self._process = subprocess.Popen(
+            ["pgbouncer", "-q", str(self.directory / "pgbouncer.ini")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            user=self._user,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(
+                    f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+                ).close()
+                return
+            except psycopg.OperationalError:
+                if self._process.poll() is not None:
+                    raise RuntimeError(f"pgbouncer exited: {self.log()}") from None
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise
+                time.sleep(0.05)
+
+    def url(self, database: str) -> str:
+        """A lock URL of ``database`` through this pooler."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def log(self) -> str:
+        """The tail of the pooler's log."""
+        path = self.directory / "pgbouncer.log"
+        return path.read_text()[-2000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        """Stop the pooler (SIGINT: at once, closing every connection) and remove its files."""
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGINT)
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process.stderr is not None:
+            self._process.stderr.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Callable[..., str]]:
+    """``pgbouncer(**settings)``: a started :class:`PgBouncer` in front of the test
+    server; the test database's lock URL through it. Stopped after the module."""
+    if shutil.which("pgbouncer") is None:
+        message = "pgbouncer is not installed (Debian's pgbouncer; scripts/test installs it)"
+        if require_backends(request.config):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    url = LockURL.parse(postgres_url)
+    started: list[PgBouncer] = []
+
+    def start(**settings: str | int) -> str:
+        started.append(PgBouncer(url.host or "127.0.0.1", url.port or 5432, **settings))
+        return started[-1].url(url.path.lstrip("/") or "postgres")
+
+    try:
+        yield start
+    finally:
+        for bouncer in started:
+            bouncer.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,11 @@ import psycopg
 import pytest
 
 import multilock
+from multilock import advisory_key
 from multilock.backend import LockURL
 from multilock.errors import ConfigurationError
 from multilock.testing import ConformanceTests
+from multilock_postgres import PostgresLocker
 from multilock_postgres._config import parse_settings
 
 pytestmark = pytest.mark.topology
@@ -106,10 +108,10 @@ def test_the_lease_is_held_by_the_server_session_behind_the_pool(
 ) -> None:
     """Through the pool, ``session_pid`` is the server's process (PgBouncer gives its
     clients a made-up one), so ``pg_locks`` and ``pg_terminate_backend`` find it."""
-    with multilock.connect(session_pool) as locker:
+    with PostgresLocker(LockURL.parse(session_pool)) as locker:
         lease = locker.try_acquire(f"pgbouncer-{uuid.uuid4().hex}")
         assert lease is not None
-        assert holders(lease.key) == [locker.session_pid]  # type: ignore[attr-defined]
+        assert holders(advisory_key(lease.name)) == [locker.session_pid]
         lease.release()
 
 

@@ -204,12 +204,24 @@ def _run_as() -> str | None:
 
 class PrivateServer:
     """A PostgreSQL cluster in a temporary directory, on a free port, that a test may
-    stop, start and reconfigure. As root it runs as the ``postgres`` user (the server
-    refuses root)."""
+    stop, start, kill and reconfigure. As root it runs as the ``postgres`` user (the
+    server refuses root). It listens on ``addresses`` (loopback by default; the
+    partition tests add a veth address, whose clients it trusts as well).
 
-    def __init__(self, bindir: Path) -> None:
+    ``standby_of``: a streaming standby of that (running) server, copied from it with
+    ``pg_basebackup``; :meth:`promote` makes it a primary.
+    """
+
+    def __init__(
+        self,
+        bindir: Path,
+        *,
+        addresses: tuple[str, ...] = ("127.0.0.1",),
+        standby_of: PrivateServer | None = None,
+    ) -> None:
         self._bindir = bindir
         self._user = _run_as()
+        self.addresses = addresses
         self.directory = Path(tempfile.mkdtemp(prefix="multilock-pg-"))
         if self._user:
             shutil.chown(self.directory, self._user)
@@ -217,15 +229,20 @@ class PrivateServer:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self._process: subprocess.Popen[bytes] | None = None
-        subprocess.run(
-            [
-                *(str(bindir / "initdb"), "-D", str(self.directory / "data")),
-                *("-A", "trust", "-U", "postgres", "--no-sync", "--no-instructions"),
-            ],
-            check=True,
-            capture_output=True,
-            user=self._user,
-        )
+        data = str(self.directory / "data")
+        if standby_of is None:
+            command = [str(bindir / "initdb"), "-D", data, "-A", "trust", "-U", "postgres"]
+            command += ["--no-sync", "--no-instructions"]
+        else:
+            # -R: the copy starts as a standby streaming from its source.
+            command = [str(bindir / "pg_basebackup"), "-D", data, "-R", "-X", "stream"]
+            command += ["-c", "fast", "--no-sync", "-h", "127.0.0.1", "-U", "postgres"]
+            command += ["-p", str(standby_of.port)]
+        subprocess.run(command, check=True, capture_output=True, user=self._user)
+        if standby_of is None and addresses != ("127.0.0.1",):
+            # Reachable from loopback and the test's own network namespace only.
+            rules = self.directory / "data" / "pg_hba.conf"
+            rules.write_text(f"host all all 0.0.0.0/0 trust\n{rules.read_text()}")
 
     @property
     def url(self) -> str:
@@ -238,11 +255,13 @@ class PrivateServer:
             [
                 *(str(self._bindir / "postgres"), "-D", str(self.directory / "data")),
                 *("-p", str(self.port), "-k", str(self.directory), "-c", "fsync=off"),
-                *("-c", "listen_addresses=127.0.0.1"),
+                *("-c", f"listen_addresses={','.join(self.addresses)}"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             user=self._user,
+            # Its own process group: kill() takes the server's every process at once.
+            start_new_session=True,
         )
         deadline = time.monotonic() + 30
         while True:
@@ -290,10 +309,88 @@ class PrivateServer:
             self._process.wait(timeout=30)
             self._process = None
 
+    def kill(self) -> None:
+        """SIGKILL every process of the server at once, as when its host dies: no
+        goodbye on any session (the kernel closes their sockets)."""
+        if self._process is not None:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait(timeout=30)
+            self._process = None
+
+    def promote(self) -> None:
+        """Make this standby a primary; return once it takes writes."""
+        with self.admin() as conn:
+            conn.execute("SELECT pg_promote(true, 30)")
+
+    def replicating(self) -> bool:
+        """Whether a standby streams from this server (``pg_stat_replication``)."""
+        with self.admin() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+            ).fetchone()
+        return bool(row and row[0])
+
     def remove(self) -> None:
         """Stop and delete the cluster."""
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class ReplicatedPair:
+    """A primary :class:`PrivateServer` and its streaming standby, started, the standby
+    synchronous (``synchronous_standby_names``: a commit waits until the standby has it)
+    unless ``synchronous=False``. :attr:`url` names both, primary first."""
+
+    def __init__(self, bindir: Path, *, synchronous: bool = True) -> None:
+        self.primary = PrivateServer(bindir)
+        self.standby: PrivateServer | None = None
+        try:
+            self.primary.start()
+            self.standby = PrivateServer(bindir, standby_of=self.primary)
+            self.standby.start()
+            deadline = time.monotonic() + 30
+            while not self.primary.replicating():
+                if time.monotonic() > deadline:
+                    raise AssertionError("the standby did not stream within 30 s")
+                time.sleep(0.05)
+            if synchronous:
+                self.primary.configure(synchronous_standby_names="*")
+        except BaseException:
+            self.remove()
+            raise
+
+    @property
+    def url(self) -> str:
+        """A lock URL of the ``postgres`` database naming both servers."""
+        assert self.standby is not None
+        ports = (self.primary.port, self.standby.port)
+        return f"postgresql://postgres@{','.join(f'127.0.0.1:{p}' for p in ports)}/postgres"
+
+    def remove(self) -> None:
+        """Stop and delete both clusters."""
+        for server in (self.standby, self.primary):
+            if server is not None:
+                server.remove()
+
+
+@pytest.fixture(scope="module")
+def replicated_pair() -> Iterator[Callable[..., ReplicatedPair]]:
+    """``replicated_pair(synchronous=True)``: a started :class:`ReplicatedPair`; every
+    pair the module made is removed after it."""
+    bindir = _bindir()
+    if bindir is None or not (bindir / "pg_basebackup").exists():
+        pytest.skip("the PostgreSQL server binaries (initdb, pg_basebackup) are not installed")
+    pairs: list[ReplicatedPair] = []
+
+    def make(*, synchronous: bool = True) -> ReplicatedPair:
+        pairs.append(ReplicatedPair(bindir, synchronous=synchronous))
+        return pairs[-1]
+
+    try:
+        yield make
+    finally:
+        for pair in pairs:
+            pair.remove()
 
 
 class PgBouncer:

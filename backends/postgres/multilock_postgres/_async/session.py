@@ -75,7 +75,12 @@ async def prepare_session(
         look, create = _sql.ensure_sequence(sequence)
         row = await (await answer(conn, settings, doing, look)).fetchone()
         if row is None:
-            await answer(conn, settings, doing, create)
+            try:
+                await answer(conn, settings, doing, create)
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                # Made by another session meanwhile: IF NOT EXISTS does not see a
+                # creation not yet committed, and then waits for it and fails.
+                pass
             row = await (await answer(conn, settings, doing, look)).fetchone()
         return pid, check_sequence(settings.url, sequence, row)
     except psycopg.Error as exc:

@@ -78,7 +78,12 @@ def prepare_session(
         look, create = _sql.ensure_sequence(sequence)
         row = (answer(conn, settings, doing, look)).fetchone()
         if row is None:
-            answer(conn, settings, doing, create)
+            try:
+                answer(conn, settings, doing, create)
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                # Made by another session meanwhile: IF NOT EXISTS does not see a
+                # creation not yet committed, and then waits for it and fails.
+                pass
             row = (answer(conn, settings, doing, look)).fetchone()
         return pid, check_sequence(settings.url, sequence, row)
     except psycopg.Error as exc:

@@ -6,8 +6,9 @@ Usage: ``python _failover_replica.py URL PREFIX JOBS RECORD REPLICA_ID``.
 ``JOBS`` short jobs ``PREFIX-<i>`` fire every second (~1 ms bodies); ``PREFIX-long``
 fires every 2 s and runs 1.5 s, so that a lease is nearly always held by a running
 job when the server side fails. Each run appends ``start <job> <fire ms> <replica>
-<fencing token> <epoch s>`` to RECORD when its body starts, and each ``lease_lost``
-event ``lost <job> <fire ms> <replica> <epoch s>`` (O_APPEND: one write per line).
+<fencing token> <epoch s>`` to RECORD when its body starts, each ``lease_lost``
+event ``lost <job> <fire ms> <replica> <epoch s>``, and each ``missed`` one ``missed
+<job> <fire ms> <replica> <epoch s> <reason>`` (O_APPEND: one write per line).
 Prints ``ready`` once connected and scheduling; stops gracefully on SIGTERM.
 """
 
@@ -40,9 +41,12 @@ async def replica(url: str, prefix: str, jobs: int, fd: int, name: str) -> None:
         await asyncio.sleep(seconds)
 
     def listen(event: multilock.JobEvent) -> None:
+        fire_ms = round(event.fire_time.timestamp() * 1000)
         if event.kind is multilock.EventKind.LEASE_LOST:
-            fire_ms = round(event.fire_time.timestamp() * 1000)
             record(f"lost {event.job} {fire_ms} {name} {time.time()!r}")
+        elif event.kind is multilock.EventKind.MISSED:
+            reason = " ".join(str(event.reason).split())
+            record(f"missed {event.job} {fire_ms} {name} {time.time()!r} {reason}")
 
     async with multilock.connect_async(url) as locker:
         scheduler = multilock.Scheduler(

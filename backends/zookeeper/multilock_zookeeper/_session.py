@@ -61,7 +61,11 @@ class Session:
             # Reconnect promptly after an outage (kazoo's default backs off to an hour),
             # and at once after a dropped connection: with suspended=keep, an expired
             # session is only learnt on reconnecting, and its leases are lost meanwhile.
-            connection_retry=KazooRetry(max_tries=-1, delay=0.01, backoff=2, max_delay=1.0),
+            # Attempts at least four times within keep's grace (kazoo adds up to 40 %
+            # jitter), so that a lease rides an election that ends well within it.
+            connection_retry=KazooRetry(
+                max_tries=-1, delay=0.01, backoff=2, max_delay=min(1.0, config.keep_grace / 4)
+            ),
         )
         self._guard = threading.Lock()
         self._started = False

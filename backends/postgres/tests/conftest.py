@@ -397,9 +397,12 @@ class PgBouncer:
     """Debian's ``pgbouncer`` on a free loopback port, in front of ``host:port``, every
     database passed through, trusting every client (as the servers of these tests do).
     ``settings`` go into its ``[pgbouncer]`` section (``pool_mode``, ``default_pool_size``,
-    ``server_round_robin``...)."""
+    ``server_round_robin``...); ``databases`` adds entries of its own to ``[databases]``
+    (alias: further parameters, such as ``dbname=test pool_mode=session``)."""
 
-    def __init__(self, host: str, port: int, **settings: str | int) -> None:
+    def __init__(
+        self, host: str, port: int, databases: dict[str, str] | None = None, **settings: str | int
+    ) -> None:
         self._user = _run_as()
         self.directory = Path(tempfile.mkdtemp(prefix="multilock-pgbouncer-"))
         with socket.socket() as probe:
@@ -418,8 +421,12 @@ class PgBouncer:
             **settings,
         }
         config = "\n".join(f"{key} = {value}" for key, value in options.items())
+        entries = "".join(
+            f"{alias} = host={host} port={port} {extra}\n"
+            for alias, extra in (databases or {}).items()
+        )
         (self.directory / "pgbouncer.ini").write_text(
-            f"[databases]\n* = host={host} port={port}\n\n[pgbouncer]\n{config}\n"
+            f"[databases]\n{entries}* = host={host} port={port}\n\n[pgbouncer]\n{config}\n"
         )
         # trust still looks the user up in the auth file.
         (self.directory / "userlist.txt").write_text('"postgres" ""\n')
@@ -472,8 +479,8 @@ class PgBouncer:
 
 @pytest.fixture(scope="module")
 def pgbouncer(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Callable[..., str]]:
-    """``pgbouncer(**settings)``: a started :class:`PgBouncer` in front of the test
-    server; the test database's lock URL through it. Stopped after the module."""
+    """``pgbouncer(databases=None, **settings)``: a started :class:`PgBouncer` in front of
+    the test server; the test database's lock URL through it. Stopped after the module."""
     if shutil.which("pgbouncer") is None:
         message = "pgbouncer is not installed (Debian's pgbouncer; scripts/test installs it)"
         if require_backends(request.config):
@@ -482,8 +489,9 @@ def pgbouncer(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Cal
     url = LockURL.parse(postgres_url)
     started: list[PgBouncer] = []
 
-    def start(**settings: str | int) -> str:
-        started.append(PgBouncer(url.host or "127.0.0.1", url.port or 5432, **settings))
+    def start(databases: dict[str, str] | None = None, **settings: str | int) -> str:
+        host, port = url.host or "127.0.0.1", url.port or 5432
+        started.append(PgBouncer(host, port, databases, **settings))
         return started[-1].url(url.path.lstrip("/") or "postgres")
 
     try:

@@ -126,3 +126,19 @@ def test_a_full_session_pool_still_connects_with_a_warning(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "checked with one connection only" in warnings[0]
+
+
+def test_a_session_pool_beside_transaction_pools(
+    pgbouncer: Callable[..., str], postgres_url: str
+) -> None:
+    """docs/operations.md's recipe: PgBouncer in transaction mode for the application,
+    and one database entry in session mode for the locks."""
+    database = LockURL.parse(postgres_url).path.lstrip("/")
+    pooled = pgbouncer(
+        pool_mode="transaction",
+        server_reset_query="DISCARD ALL",
+        databases={"app_locks": f"dbname={database} pool_mode=session"},
+    )
+    with pytest.raises(ConfigurationError):
+        _lock_and_release(pooled)
+    _lock_and_release(pooled.rsplit("/", 1)[0] + "/app_locks")

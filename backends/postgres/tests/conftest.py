@@ -374,12 +374,16 @@ class ReplicatedPair:
 
 
 @pytest.fixture(scope="module")
-def replicated_pair() -> Iterator[Callable[..., ReplicatedPair]]:
+def replicated_pair(request: pytest.FixtureRequest) -> Iterator[Callable[..., ReplicatedPair]]:
     """``replicated_pair(synchronous=True)``: a started :class:`ReplicatedPair`; every
-    pair the module made is removed after it."""
+    pair the module made is removed after it. Without the server's programs: a skip, or
+    a failure when backends are required (CI)."""
     bindir = _bindir()
     if bindir is None or not (bindir / "pg_basebackup").exists():
-        pytest.skip("the PostgreSQL server binaries (initdb, pg_basebackup) are not installed")
+        message = "the PostgreSQL server binaries (initdb, pg_basebackup) are not installed"
+        if require_backends(request.config):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
     pairs: list[ReplicatedPair] = []
 
     def make(*, synchronous: bool = True) -> ReplicatedPair:

@@ -25,9 +25,19 @@
 # secureClientPort), presents $MULTILOCK_ZK_TLS_DIR/${MULTILOCK_ZK_TLS_CERT:-server}.pem,
 # and asks clients for a certificate signed by its ca.crt per MULTILOCK_ZK_TLS_CLIENT_AUTH
 # (need, want or none; default need).
+#
+# An ensemble member (the topology tests' 3-node ensemble): MULTILOCK_ZK_ENSEMBLE lists
+# every member as `id=host:quorumport:electionport` (space-separated) and MULTILOCK_ZK_MYID
+# names this one; each member has its own MULTILOCK_ZK_DIR and MULTILOCK_ZK_PORT. `start`
+# returns once the member answers ruok, which it does before the ensemble has a quorum:
+# wait for `srvr` to show a Mode. MULTILOCK_ZK_ADDR is the address clients connect to
+# (default 127.0.0.1; a test's veth address in the partition tests).
 set -euo pipefail
 
 PORT="${MULTILOCK_ZK_PORT:-2181}"
+ADDR="${MULTILOCK_ZK_ADDR:-127.0.0.1}"
+ENSEMBLE="${MULTILOCK_ZK_ENSEMBLE:-}"
+MYID="${MULTILOCK_ZK_MYID:-}"
 STATE="${MULTILOCK_ZK_DIR:-${TMPDIR:-/tmp}/multilock-zookeeper-$(id -u)}"
 PIDFILE="$STATE/zookeeper.pid"
 JAR=/usr/share/java/zookeeper.jar
@@ -46,13 +56,13 @@ answers() {
     local reply
     if [ -n "$TLS_DIR" ]; then
         reply="$(printf 'ruok' | timeout 5 openssl s_client -quiet \
-            -connect "127.0.0.1:$PORT" -CAfile "$TLS_DIR/ca.crt" \
+            -connect "$ADDR:$PORT" -CAfile "$TLS_DIR/ca.crt" \
             -cert "$TLS_DIR/client.crt" -key "$TLS_DIR/client.key" 2>/dev/null)" || return 1
         [ "$reply" = "imok" ]
         return
     fi
     reply="$( (
-        exec 3<>"/dev/tcp/127.0.0.1/$PORT" || exit 1
+        exec 3<>"/dev/tcp/$ADDR/$PORT" || exit 1
         printf 'ruok' >&3
         read -r -t 2 line <&3 || true
         printf '%s' "${line:-}"
@@ -62,7 +72,7 @@ answers() {
 
 listening() {
     # Something accepts connections even if it refuses ruok (4lw not whitelisted).
-    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null
+    (exec 3<>"/dev/tcp/$ADDR/$PORT") 2>/dev/null
 }
 
 install_zookeeper() {
@@ -93,7 +103,7 @@ $(listen_config)
 maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,stat,conf,mntr,cons
-standaloneEnabled=true
+$(ensemble_config)
 EOF
     cat >"$STATE/log4j.properties" <<EOF
 log4j.rootLogger=WARN, FILE
@@ -104,15 +114,31 @@ log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n
 EOF
 }
 
+# Standalone, or a member of MULTILOCK_ZK_ENSEMBLE (its myid in the data dir). Short
+# limits, in ticks of 200 ms: a follower syncs within 2 s and is dropped after 1 s of
+# silence, so that a killed leader is replaced within about a second.
+ensemble_config() {
+    if [ -z "$ENSEMBLE" ]; then
+        echo "standaloneEnabled=true"
+        return
+    fi
+    echo "$MYID" >"$STATE/data/myid"
+    printf 'standaloneEnabled=false\ninitLimit=10\nsyncLimit=5\n'
+    local member
+    for member in $ENSEMBLE; do
+        echo "server.${member%%=*}=${member#*=}"
+    done
+}
+
 # Where clients connect: the plain port, or (MULTILOCK_ZK_TLS_DIR) the TLS one only.
 listen_config() {
     if [ -z "$TLS_DIR" ]; then
-        printf 'clientPort=%s\nclientPortAddress=127.0.0.1\n' "$PORT"
+        printf 'clientPort=%s\nclientPortAddress=%s\n' "$PORT" "$ADDR"
         return
     fi
     cat <<EOF
 secureClientPort=$PORT
-secureClientPortAddress=127.0.0.1
+secureClientPortAddress=$ADDR
 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
 ssl.keyStore.location=$TLS_DIR/$TLS_CERT.pem
 ssl.keyStore.type=PEM
@@ -147,11 +173,15 @@ start() {
             # Ours, started by an earlier `start` still in use: count one more user,
             # so that this caller's `stop` leaves it to the others.
             echo $(($(users) + 1)) >"$STATE/users"
-            log "our ZooKeeper already answers on 127.0.0.1:$PORT ($(users) users)"
+            log "our ZooKeeper already answers on $ADDR:$PORT ($(users) users)"
         else
-            log "something already listens on 127.0.0.1:$PORT; using it, starting nothing"
+            log "something already listens on $ADDR:$PORT; using it, starting nothing"
         fi
         return 0
+    fi
+    if [ -n "$ENSEMBLE" ] && [ -z "$MYID" ]; then
+        log "MULTILOCK_ZK_ENSEMBLE needs MULTILOCK_ZK_MYID"
+        return 2
     fi
     install_zookeeper
     write_config
@@ -161,11 +191,16 @@ start() {
     for jar in netty-codec netty-resolver netty-transport-native-unix-common; do
         classpath="$classpath:/usr/share/java/$jar.jar"
     done
+    # A member of an ensemble runs the quorum peer; a standalone server the plain one.
+    local main=org.apache.zookeeper.server.ZooKeeperServerMain
+    if [ -n "$ENSEMBLE" ]; then
+        main=org.apache.zookeeper.server.quorum.QuorumPeerMain
+    fi
     # setsid: the server outlives this script but not a `stop`; no JMX, small heap.
     setsid java -Xms64m -Xmx256m -XX:+UseSerialGC \
         -Dlog4j.configuration="file:$STATE/log4j.properties" \
         -Dzookeeper.jmx.log4j.disable=true \
-        -cp "$classpath" org.apache.zookeeper.server.ZooKeeperServerMain "$STATE/zoo.cfg" \
+        -cp "$classpath" "$main" "$STATE/zoo.cfg" \
         >"$STATE/stdout.log" 2>&1 </dev/null 9>&- &
     local pid=$!
     echo "$pid" >"$PIDFILE"
@@ -185,7 +220,7 @@ start() {
         fi
         sleep 0.2
     done
-    log "ZooKeeper $pid answers on 127.0.0.1:$PORT (state in $STATE)"
+    log "ZooKeeper $pid answers on $ADDR:$PORT (state in $STATE)"
 }
 
 stop() {
@@ -226,7 +261,7 @@ case "${1:-}" in
     start) start ;;
     stop) stop ;;
     status)
-        if answers; then echo "imok on 127.0.0.1:$PORT"; else echo "nothing answers on 127.0.0.1:$PORT"; exit 1; fi
+        if answers; then echo "imok on $ADDR:$PORT"; else echo "nothing answers on $ADDR:$PORT"; exit 1; fi
         ;;
     *)
         echo "usage: $0 start|stop|status" >&2

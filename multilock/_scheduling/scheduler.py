@@ -781,6 +781,7 @@ class Scheduler(Service):
         if self._outage.current is not None:
             self._answered()
         runs: list[_Start] = []
+        now = self.clock.now()
         for due in shared:
             lease = leases.get(due.job.name)
             if self._stopping:  # granted while stopping: no run, so no hold either
@@ -790,6 +791,15 @@ class Scheduler(Service):
                 due.state.settle()
             elif lease is None:
                 self._skip_held(due, "another replica holds it")
+            elif (late := now - due.fire.timestamp()) > due.job.misfire_grace:
+                # Granted past the grace (a slow answer, a connection coming back): the
+                # hold of a replica that won the tick in time covers tries up to the
+                # grace, no later, so it may have run and released it already.
+                self._held.add(lease)
+                self._release_later(lease, due.state.settle)
+                self._emit(
+                    EventKind.MISSED, due.job, due.fire, reason=f"{late:.3f}s late (granted)"
+                )
             else:
                 self._held.add(lease)
                 runs.append((due, lease, lease.lost, lease.fencing_token))

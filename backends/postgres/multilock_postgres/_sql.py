@@ -13,7 +13,9 @@ from psycopg.pq import Format
 __all__ = [
     "LOCKS",
     "PING",
+    "SERVER_PID",
     "SET_TIMEOUTS",
+    "SET_UP",
     "UNLOCK",
     "UNLOCK_ALL",
     "UNLOCK_MANY",
@@ -29,6 +31,13 @@ PING = "SELECT 1"
 SET_TIMEOUTS = (
     "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)"
 )
+# A new session's first round trip: its timeouts, its server process (a pooler's pid is
+# not the server's), and how the server sees our end of the connection.
+SET_UP = (
+    "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false),"
+    " pg_backend_pid(), host(inet_client_addr()), inet_client_port()"
+)
+SERVER_PID = "SELECT pg_backend_pid()"
 UNLOCK = "SELECT pg_advisory_unlock(%b)"
 UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
 UNLOCK_MANY = "SELECT pg_advisory_unlock(k) FROM unnest(%b::bigint[]) AS k"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 import multilock
 from multilock import Capability
 from multilock.errors import ConfigurationError
+from multilock.testing import poll
 from multilock_postgres import PostgresLocker
 
 
@@ -229,3 +231,39 @@ def test_a_table_of_that_name_is_refused(
             locker.try_acquire("x")
     finally:
         admin.execute(f"DROP TABLE {sequence}")
+
+
+def test_a_sequence_made_by_another_session_meanwhile_is_used(
+    make_url: Callable[..., str], sequence: str, admin: psycopg.Connection[Any]
+) -> None:
+    """Replicas starting together on a fresh database all find the sequence missing and
+    create it: ``CREATE SEQUENCE IF NOT EXISTS`` does not see another session's creation
+    until it commits, then fails on the catalog's unique index. The locker looks again."""
+    url = make_url(fencing=True, fencing_sequence=sequence, lock_timeout="5s", health_timeout="10s")
+    creator = psycopg.connect(admin.info.dsn)  # the other replica, in the middle of its creation
+    creator.execute(f"CREATE SEQUENCE {sequence} AS bigint MINVALUE 1 CACHE 1")
+    tokens: list[int | None] = []
+    with multilock.connect(url) as locker:
+
+        def acquire() -> None:
+            lease = locker.try_acquire(f"fence-{uuid.uuid4().hex}")
+            assert lease is not None
+            tokens.append(lease.fencing_token)
+            lease.release()
+
+        worker = threading.Thread(target=acquire)
+        worker.start()
+
+        def waiting() -> bool:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE %s",
+                (f"CREATE SEQUENCE%{sequence}%",),
+            ).fetchone()
+            return bool(row and row[0])
+
+        poll("the locker's CREATE waiting for the other one's", waiting, 10.0)
+        creator.commit()
+        creator.close()
+        worker.join(10)
+    assert tokens == [1]

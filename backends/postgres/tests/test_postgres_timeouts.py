@@ -18,9 +18,9 @@ from multilock import advisory_key
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, InvalidOption
 from multilock_postgres import AsyncPostgresLocker, PostgresLocker
-from multilock_postgres._async import locker as async_module
+from multilock_postgres._async import session as async_module
 from multilock_postgres._config import parse_settings
-from multilock_postgres._sync import locker as sync_module
+from multilock_postgres._sync import session as sync_module
 
 from .conftest import FreezableProxy
 
@@ -190,7 +190,7 @@ def _freeze_once_connected(
 ) -> None:
     """Freeze the proxy the moment ``module`` has made its next connection: the server
     is reached, then never answers again."""
-    real = module._open
+    real = module.open_connection
 
     def frozen(conn: Any) -> Any:
         proxy.frozen.set()
@@ -203,7 +203,9 @@ def _freeze_once_connected(
         return frozen(await real(*args))
 
     is_async = asyncio.iscoroutinefunction(real)
-    monkeypatch.setattr(module, "_open", async_open_then_freeze if is_async else open_then_freeze)
+    monkeypatch.setattr(
+        module, "open_connection", async_open_then_freeze if is_async else open_then_freeze
+    )
 
 
 # With health_interval=1h no health check comes to the rescue: these are the deadlines

@@ -13,7 +13,7 @@ from multilock.errors import InvalidOption, InvalidURL
 
 from ._tls import TLS, TLS_CONVERTERS, parse_tls
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_ROOT", "Config"]
+__all__ = ["DEFAULT_PORT", "DEFAULT_ROOT", "KEEP_GRACE_SHARE", "Config"]
 
 DEFAULT_PORT = 2181
 DEFAULT_ROOT = "/multilock"
@@ -21,6 +21,14 @@ DEFAULT_ROOT = "/multilock"
 ``/zookeeper`` is reserved and a lock named "zookeeper" would always look held."""
 
 _SUSPENDED_POLICIES = ("lost", "keep")
+
+KEEP_GRACE_SHARE = 1 / 6
+"""``suspended=keep``'s grace, as a share of the session timeout T. kazoo suspends a
+connection once its ping has gone unanswered, at most two thirds of T after the last
+request the server answered -- so the server, which expires a session T after it last
+heard from it, cannot have expired it sooner than T/3 after the suspension. Half of
+that is the grace; the other half is margin for a late-running client thread and for
+a server that granted a shorter timeout than asked (down to half)."""
 
 
 def _as_policy(value: object) -> str:
@@ -83,7 +91,8 @@ class Config:
     session_timeout: float
     connect_timeout: float
     suspended: str
-    """``lost``: a suspended connection fires ``lost`` at once; ``keep``: only an expiry does."""
+    """``lost``: a suspended connection fires ``lost`` at once; ``keep``: an expiry does, or a
+    suspension longer than :attr:`keep_grace`."""
     ttl: float
     username: str | None = None
     password: str | None = field(default=None, compare=False)
@@ -146,6 +155,12 @@ class Config:
         if self.username is None or self.password is None:
             return list(OPEN_ACL_UNSAFE)
         return [make_digest_acl(self.username, self.password, all=True)]
+
+    @property
+    def keep_grace(self) -> float:
+        """How long ``suspended=keep`` keeps leases through a suspension: a sixth of the
+        session timeout (see :data:`KEEP_GRACE_SHARE`)."""
+        return self.session_timeout * KEEP_GRACE_SHARE
 
     def node_path(self, quoted: str) -> str:
         """The znode of a lock whose name was escaped by ``quote_name``."""

@@ -10,9 +10,12 @@ written once.
 The session's state drives ``lost``: kazoo reports ``SUSPENDED`` when the
 connection drops (the session may still live) and ``LOST`` when the session
 expired. ``LOST`` always fires ``lost``; ``SUSPENDED`` does too unless the URL
-says ``suspended=keep``. Nodes we can no longer vouch for become *orphans*:
-deleted as soon as the same session is connected again (if it expired, the
-server already deleted them), and never re-created meanwhile.
+says ``suspended=keep``, and then only once the suspension has lasted
+``Config.keep_grace``: kazoo itself only learns of an expiry on reconnecting, so a
+holder cut off from every server would otherwise hold on after the server has
+expired its session and handed the lock to someone else. Nodes we can no longer
+vouch for become *orphans*: deleted as soon as the same session is connected again
+(if it expired, the server already deleted them), and never re-created meanwhile.
 """
 
 from __future__ import annotations
@@ -58,7 +61,11 @@ class Session:
             # Reconnect promptly after an outage (kazoo's default backs off to an hour),
             # and at once after a dropped connection: with suspended=keep, an expired
             # session is only learnt on reconnecting, and its leases are lost meanwhile.
-            connection_retry=KazooRetry(max_tries=-1, delay=0.01, backoff=2, max_delay=1.0),
+            # Attempts at least four times within keep's grace (kazoo adds up to 40 %
+            # jitter), so that a lease rides an election that ends well within it.
+            connection_retry=KazooRetry(
+                max_tries=-1, delay=0.01, backoff=2, max_delay=min(1.0, config.keep_grace / 4)
+            ),
         )
         self._guard = threading.Lock()
         self._started = False
@@ -69,6 +76,7 @@ class Session:
         self._held: dict[str, Node] = {}
         self._orphans: dict[str, int | None] = {}  # path -> czxid (None: any node of ours)
         self._cleaning: set[str] = set()
+        self._grace: threading.Timer | None = None  # suspended=keep: the suspension's bound
         self._acl_checked = config.username is None
         self._acl = config.acl
         self._paths: dict[str, str] = {}
@@ -127,6 +135,7 @@ class Session:
         client_id = self.client.client_id
         session_id = client_id[0] if client_id else None
         with self._guard:
+            self._end_grace()  # the server took our session back: it is alive
             if self._session_id is not None and session_id != self._session_id:
                 # A new session we were not told about: the old one's nodes are gone.
                 stale = self._forget_all()
@@ -177,17 +186,48 @@ class Session:
             if self._live.ready():
                 self._live = self.client.handler.async_result()
             if expired:
+                self._end_grace()
                 lost = self._forget_all()
                 self._session_id = None
             elif self.config.suspended == "lost":
-                lost = list(self._held.values())
-                self._held.clear()
-                for node in lost:
-                    self._orphans[node.path] = node.czxid
+                lost = self._give_up_held()
             else:
                 lost = []
+                if self._grace is None:
+                    self._grace = threading.Timer(self.config.keep_grace, self._grace_over)
+                    self._grace.daemon = True
+                    self._grace.start()
         for node in lost:
             node.lease.lost.set(reason)
+
+    def _give_up_held(self) -> list[Node]:
+        # Under the guard. The session may live on: its nodes become orphans.
+        nodes = list(self._held.values())
+        self._held.clear()
+        for node in nodes:
+            self._orphans[node.path] = node.czxid
+        return nodes
+
+    def _end_grace(self) -> None:
+        # Under the guard.
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _grace_over(self) -> None:
+        """``suspended=keep``: still suspended after the grace, the server may expire the
+        session any moment now, and give our locks to others; the leases are lost."""
+        with self._guard:
+            if self._grace is not threading.current_thread():
+                return  # reconnected (or dropped and suspended again) meanwhile
+            self._grace = None
+            lost = self._give_up_held()
+        grace = self.config.keep_grace
+        for node in lost:
+            node.lease.lost.set(
+                f"the connection to ZooKeeper was suspended for {grace:g}s"
+                " (suspended=keep's grace): the session may expire before it is back"
+            )
 
     def _forget_all(self) -> list[Node]:
         # Under the guard. The session is gone: so are its ephemeral nodes.
@@ -306,6 +346,7 @@ class Session:
         """Close the session (the server deletes all its nodes at once) and the client. Blocks."""
         with self._guard:
             self._closed = True
+            self._end_grace()
         try:
             self.client.stop()
         finally:

@@ -8,6 +8,7 @@ when backends are required, as in CI. Every test gets a chroot of its own.
 Tests that break a server or need TLS get a private one (``private_zookeeper``),
 run by the repository's ``scripts/zookeeper.sh``, with certificates from its
 ``scripts/test-ca``; they skip where those scripts are not (an installed sdist).
+The topology tests get a 3-node ensemble of such servers (``zookeeper_ensemble``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -104,11 +106,21 @@ def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return directory
 
 
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port free on ``address`` a moment ago."""
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 class PrivateZooKeeper:
-    """One standalone server of our own: ``start()``, ``stop()``, ``kill()``, ``url``.
+    """One server of our own: ``start()``, ``stop()``, ``kill()``, ``url``.
 
     With ``tls`` (a :func:`test_ca` directory) it speaks TLS only, presenting
     ``{cert}.pem`` and asking clients for a certificate per ``client_auth``.
+    ``address``: where clients connect (loopback by default). ``ensemble`` and
+    ``myid``: a member of an ensemble (see :class:`ZooKeeperEnsemble`).
     """
 
     def __init__(
@@ -119,13 +131,16 @@ class PrivateZooKeeper:
         tls: Path | None = None,
         cert: str = "server",
         client_auth: str = "need",
+        address: str = "127.0.0.1",
+        ensemble: str | None = None,
+        myid: int | None = None,
     ) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.address = address
+        self.port = free_port(address)
         self.env = {
             **os.environ,
             "MULTILOCK_ZK_PORT": str(self.port),
+            "MULTILOCK_ZK_ADDR": address,
             "MULTILOCK_ZK_DIR": str(state),
             "MULTILOCK_ZK_KEEP_DATA": "1" if keep_data else "0",
         }
@@ -133,11 +148,30 @@ class PrivateZooKeeper:
             self.env["MULTILOCK_ZK_TLS_DIR"] = str(tls)
             self.env["MULTILOCK_ZK_TLS_CERT"] = cert
             self.env["MULTILOCK_ZK_TLS_CLIENT_AUTH"] = client_auth
+        if ensemble is not None:
+            self.env["MULTILOCK_ZK_ENSEMBLE"] = ensemble
+            self.env["MULTILOCK_ZK_MYID"] = str(myid)
 
     @property
     def url(self) -> str:
         """The lock URL of a chroot of this server, without options."""
-        return f"zookeeper://127.0.0.1:{self.port}/faults"
+        return f"zookeeper://{self.address}:{self.port}/faults"
+
+    def mode(self) -> str | None:
+        """``leader``, ``follower`` or ``standalone`` (``srvr``); ``None`` while it does
+        not serve (down, or an ensemble member without a quorum)."""
+        try:
+            with socket.create_connection((self.address, self.port), timeout=1) as sock:
+                sock.sendall(b"srvr")
+                reply = b""
+                while chunk := sock.recv(4096):
+                    reply += chunk
+        except OSError:
+            return None
+        for line in reply.decode(errors="replace").splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
 
     def _run(self, command: str) -> None:
         subprocess.run(
@@ -158,21 +192,96 @@ class PrivateZooKeeper:
 
     def kill(self) -> None:
         """SIGKILL the server: its connections are reset, as when its host crashes."""
-        os.kill(self._pid(), signal.SIGKILL)
+        os.kill(self.pid(), signal.SIGKILL)
 
     def freeze(self) -> None:
         """Stop the server's process where it stands: a blackhole that keeps connections."""
-        os.kill(self._pid(), signal.SIGSTOP)
+        os.kill(self.pid(), signal.SIGSTOP)
 
     def thaw(self) -> None:
         """Let a frozen server go on."""
         try:
-            os.kill(self._pid(), signal.SIGCONT)
-        except ProcessLookupError:
-            pass  # killed
+            os.kill(self.pid(), signal.SIGCONT)
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # killed, or never started
 
-    def _pid(self) -> int:
+    def pid(self) -> int:
+        """The server's process id (as ``start`` recorded it)."""
         return int((Path(self.env["MULTILOCK_ZK_DIR"]) / "zookeeper.pid").read_text())
+
+
+ENSEMBLE_READY = 60.0
+"""Seconds a fresh ensemble (three JVMs on a loaded machine) may take to elect a leader."""
+
+
+class ZooKeeperEnsemble:
+    """Three :class:`PrivateZooKeeper` members of one ensemble on loopback, each on its
+    own client, quorum and election ports, keeping their data across restarts (a
+    member that comes back rejoins with its sessions)."""
+
+    def __init__(self, state: Path, size: int = 3) -> None:
+        peers = [(i, free_port(), free_port()) for i in range(1, size + 1)]
+        ensemble = " ".join(f"{i}=127.0.0.1:{quorum}:{election}" for i, quorum, election in peers)
+        self.members = [
+            PrivateZooKeeper(state / f"zk{i}", keep_data=True, ensemble=ensemble, myid=i)
+            for i, _, _ in peers
+        ]
+
+    def url(self, chroot: str = "/ensemble") -> str:
+        """The lock URL naming every member, ``chroot`` as its path, without options."""
+        hosts = ",".join(f"127.0.0.1:{member.port}" for member in self.members)
+        return f"zookeeper://{hosts}{chroot}"
+
+    def start(self) -> None:
+        """Start every member at once; return when one of them leads and the others follow."""
+        with ThreadPoolExecutor(len(self.members)) as pool:
+            list(pool.map(PrivateZooKeeper.start, self.members))
+        self.wait_serving(ENSEMBLE_READY)
+
+    def wait_serving(self, within: float, members: list[PrivateZooKeeper] | None = None) -> int:
+        """Wait until ``members`` (default: all) serve with one leader among them; the
+        leader's index in :attr:`members`."""
+        members = self.members if members is None else members
+        deadline = time.monotonic() + within
+        while True:
+            modes = [member.mode() for member in members]
+            if None not in modes and modes.count("leader") == 1:
+                return self.members.index(members[modes.index("leader")])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the ensemble did not form within {within:g}s: {modes}")
+            time.sleep(0.05)
+
+    def leader(self) -> int:
+        """The index of the member that leads now."""
+        return self.wait_serving(ENSEMBLE_READY)
+
+    def stop(self) -> None:
+        """Stop every member."""
+        for member in self.members:
+            member.stop()
+
+
+@pytest.fixture(scope="module")
+def zookeeper_ensemble(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ZooKeeperEnsemble]:
+    """A started 3-node :class:`ZooKeeperEnsemble` of the test module, stopped after it."""
+    if not (SCRIPTS / "zookeeper.sh").exists():
+        pytest.skip("scripts/zookeeper.sh is not here (not a checkout of the repository)")
+    ensemble = ZooKeeperEnsemble(tmp_path_factory.mktemp("ensemble"))
+    try:
+        try:
+            ensemble.start()
+        except (subprocess.CalledProcessError, AssertionError) as exc:
+            detail = (
+                exc.stderr.decode()[-500:]
+                if isinstance(exc, subprocess.CalledProcessError)
+                else exc
+            )
+            _unavailable(request.config, f"cannot start a ZooKeeper ensemble: {detail}")
+        yield ensemble
+    finally:
+        ensemble.stop()
 
 
 @pytest.fixture

@@ -60,7 +60,8 @@ def test_a_restart_within_the_session_keeps_the_lease_with_suspended_keep(
     private_zookeeper: Callable[..., PrivateZooKeeper],
 ) -> None:
     server = private_zookeeper(keep_data=True)
-    url = f"{server.url}?connect_timeout={CONNECT_TIMEOUT}&session_timeout=20s&suspended=keep"
+    # The grace (a sixth of the session timeout) must cover a JVM's restart.
+    url = f"{server.url}?connect_timeout={CONNECT_TIMEOUT}&session_timeout=60s&suspended=keep"
     with multilock.connect(url) as locker, multilock.connect(url) as other:
         # A JVM just started can be slow to open the first session on a busy machine.
         lease = poll("the first acquire", lambda: locker.try_acquire("job"))
@@ -72,6 +73,30 @@ def test_a_restart_within_the_session_keeps_the_lease_with_suspended_keep(
         assert other.try_acquire("job") is None
         assert lease.release() is True
         assert poll("the lock free", lambda: other.try_acquire("job")) is not None
+
+
+def test_suspended_keep_gives_the_lease_up_before_the_session_can_expire(
+    private_zookeeper: Callable[..., PrivateZooKeeper],
+) -> None:
+    """A server gone silent (frozen: the connection stays open, nothing answers), as a
+    cut network looks. kazoo only learns of an expiry by reconnecting, so without a
+    bound ``suspended=keep`` would hold on after the server expired the session. The
+    lease is lost a grace (T/6) after kazoo suspends the connection (at most 2T/3 after
+    the server last heard from it): before the server can expire the session (T)."""
+    timeout = 3.0
+    server = private_zookeeper()
+    url = f"{server.url}?connect_timeout={CONNECT_TIMEOUT}&session_timeout={timeout}&suspended=keep"
+    with multilock.connect(url) as locker:
+        lease = poll("the first acquire", lambda: locker.try_acquire("job"))
+        server.freeze()
+        frozen = time.monotonic()
+        try:
+            assert lease.lost.wait(BOUND), "lost never fired on a silent server"
+            after = time.monotonic() - frozen
+        finally:
+            server.thaw()
+        assert "grace" in str(lease.lost.reason)
+        assert after < timeout, f"lost after {after:.2f}s: the session may expire after {timeout}s"
 
 
 async def _frozen_calls(server: PrivateZooKeeper, url: str) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from multilock.backend import new_token as _new_token
 from multilock.errors import BackendUnavailable, MultilockError
 
 from .. import _sql
-from .._config import Settings, milliseconds, parse_settings
-from .._errors import check_sequence, driver_error, fencing_error
+from .._config import Settings, parse_settings
+from .._errors import driver_error
 from .._runtime import (
     AsyncDeadline,
     AsyncMutex,
@@ -37,6 +37,7 @@ from .._runtime import (
     KeyCache,
     readable,
 )
+from . import session as _session
 
 __all__ = ["AsyncPostgresLease", "AsyncPostgresLocker"]
 
@@ -417,9 +418,9 @@ class AsyncPostgresLocker(AsyncLockerBase):
         settings = self._settings
         if self._closed:
             raise MultilockError(f"{self!r} is closed")
-        conn = await _open(settings)
+        conn = await _session.open_connection(settings)
         try:
-            sequence = await _prepare_session(conn, settings)
+            pid, sequence = await _session.prepare_session(conn, settings)
         except BaseException:
             await conn.close()
             raise
@@ -430,7 +431,7 @@ class AsyncPostgresLocker(AsyncLockerBase):
         self._severed = None
         self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
-        self._pid = conn.info.backend_pid
+        self._pid = pid  # the server's: behind a pooler, conn.info.backend_pid is the pooler's
         self._ensure_ticker()
         return self._cursor
 
@@ -460,7 +461,8 @@ class AsyncPostgresLocker(AsyncLockerBase):
                 if leases:
                     # Unlock before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    await _answer(conn, self._settings, "unlocking on close", _sql.UNLOCK_ALL)
+                    doing = "unlocking on close"
+                    await _session.answer(conn, self._settings, doing, _sql.UNLOCK_ALL)
             except (psycopg.Error, MultilockError) as exc:  # the session ends anyway
                 _log.debug("unlocking on close: %s", exc)
             finally:
@@ -479,11 +481,12 @@ class AsyncPostgresLocker(AsyncLockerBase):
         # A connection of its own: a slow catalog query must not hold up the session
         # (nor run into its health check's deadline).
         settings = self._settings
-        conn = await _open(settings)
+        conn = await _session.open_connection(settings)
         try:
             doing = "listing locks"
-            await _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
-            rows = await (await _answer(conn, settings, doing, _sql.LOCKS)).fetchall()
+            timeouts = _session.timeouts(settings)
+            await _session.answer(conn, settings, doing, _sql.SET_TIMEOUTS, timeouts)
+            rows = await (await _session.answer(conn, settings, doing, _sql.LOCKS)).fetchall()
         except psycopg.Error as exc:
             raise driver_error(settings.url, exc, "listing locks") from None
         finally:
@@ -555,65 +558,6 @@ class _Holding:
     def _leave_deadline(self) -> None:
         if self._deadline is not None:
             self._deadline.__exit__(None, None, None)
-
-
-async def _open(settings: Settings) -> psycopg.AsyncConnection[Any]:
-    """A new connection to the server (within ``connect_timeout``)."""
-    try:
-        return await psycopg.AsyncConnection.connect(settings.conninfo, **settings.connect_kwargs())
-    except psycopg.Error as exc:
-        raise driver_error(settings.url, exc, "connecting") from None
-
-
-async def _prepare_session(
-    conn: psycopg.AsyncConnection[Any], settings: Settings
-) -> tuple[str, str] | None:
-    """Set the session's timeouts, then find (or make) and check the fencing sequence;
-    its schema and name. Each round trip is bounded (see ``_answer``)."""
-    try:
-        doing = "setting the session's timeouts"
-        await _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
-    except psycopg.Error as exc:
-        raise driver_error(settings.url, exc, doing) from None
-    sequence = settings.fencing_sequence
-    if sequence is None:
-        return None
-    doing = f"preparing the fencing sequence {sequence!r}"
-    try:
-        look, create = _sql.ensure_sequence(sequence)
-        row = await (await _answer(conn, settings, doing, look)).fetchone()
-        if row is None:
-            await _answer(conn, settings, doing, create)
-            row = await (await _answer(conn, settings, doing, look)).fetchone()
-        return check_sequence(settings.url, sequence, row)
-    except psycopg.Error as exc:
-        raise fencing_error(settings.url, sequence, exc) from None
-
-
-async def _answer(
-    conn: psycopg.AsyncConnection[Any],
-    settings: Settings,
-    doing: str,
-    query: Any,
-    params: Sequence[Any] | None = None,
-) -> psycopg.AsyncCursor[Any]:
-    """``conn.execute`` on a connection other than a set-up session (being set up, or
-    one of its own), whose socket is cut if it gets no answer within ``health_timeout``
-    -- then ``BackendUnavailable`` saying so. Other errors are psycopg's."""
-    cut = Cut(conn, settings.health_timeout)
-    with AsyncDeadline(cut.seconds, cut):
-        try:
-            return await conn.execute(query, params)
-        except psycopg.Error as exc:
-            if cut.done:
-                raise driver_error(settings.url, exc, doing, cut.seconds) from None
-            raise
-
-
-def _timeouts(settings: Settings) -> tuple[str, str]:
-    """The parameters of ``_sql.SET_TIMEOUTS``."""
-    lock, statement = settings.lock_timeout, settings.statement_timeout
-    return f"{milliseconds(lock)}ms", f"{milliseconds(statement)}ms"
 
 
 def _ended(conn: psycopg.AsyncConnection[Any]) -> str | None:

@@ -28,8 +28,8 @@ from multilock.backend import new_token as _new_token
 from multilock.errors import BackendUnavailable, MultilockError
 
 from .. import _sql
-from .._config import Settings, milliseconds, parse_settings
-from .._errors import check_sequence, driver_error, fencing_error
+from .._config import Settings, parse_settings
+from .._errors import driver_error
 from .._runtime import (
     Cut,
     Deadline,
@@ -39,6 +39,7 @@ from .._runtime import (
     Ticker,
     readable,
 )
+from . import session as _session
 
 __all__ = ["PostgresLease", "PostgresLocker"]
 
@@ -417,9 +418,9 @@ class PostgresLocker(LockerBase):
         settings = self._settings
         if self._closed:
             raise MultilockError(f"{self!r} is closed")
-        conn = _open(settings)
+        conn = _session.open_connection(settings)
         try:
-            sequence = _prepare_session(conn, settings)
+            pid, sequence = _session.prepare_session(conn, settings)
         except BaseException:
             conn.close()
             raise
@@ -430,7 +431,7 @@ class PostgresLocker(LockerBase):
         self._severed = None
         self._prepared.clear()
         self._cursor = conn.cursor(binary=True)
-        self._pid = conn.info.backend_pid
+        self._pid = pid  # the server's: behind a pooler, conn.info.backend_pid is the pooler's
         self._ensure_ticker()
         return self._cursor
 
@@ -460,7 +461,8 @@ class PostgresLocker(LockerBase):
                 if leases:
                     # Unlock before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    _answer(conn, self._settings, "unlocking on close", _sql.UNLOCK_ALL)
+                    doing = "unlocking on close"
+                    _session.answer(conn, self._settings, doing, _sql.UNLOCK_ALL)
             except (psycopg.Error, MultilockError) as exc:  # the session ends anyway
                 _log.debug("unlocking on close: %s", exc)
             finally:
@@ -479,11 +481,12 @@ class PostgresLocker(LockerBase):
         # A connection of its own: a slow catalog query must not hold up the session
         # (nor run into its health check's deadline).
         settings = self._settings
-        conn = _open(settings)
+        conn = _session.open_connection(settings)
         try:
             doing = "listing locks"
-            _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
-            rows = (_answer(conn, settings, doing, _sql.LOCKS)).fetchall()
+            timeouts = _session.timeouts(settings)
+            _session.answer(conn, settings, doing, _sql.SET_TIMEOUTS, timeouts)
+            rows = (_session.answer(conn, settings, doing, _sql.LOCKS)).fetchall()
         except psycopg.Error as exc:
             raise driver_error(settings.url, exc, "listing locks") from None
         finally:
@@ -555,63 +558,6 @@ class _Holding:
     def _leave_deadline(self) -> None:
         if self._deadline is not None:
             self._deadline.__exit__(None, None, None)
-
-
-def _open(settings: Settings) -> psycopg.Connection[Any]:
-    """A new connection to the server (within ``connect_timeout``)."""
-    try:
-        return psycopg.Connection.connect(settings.conninfo, **settings.connect_kwargs())
-    except psycopg.Error as exc:
-        raise driver_error(settings.url, exc, "connecting") from None
-
-
-def _prepare_session(conn: psycopg.Connection[Any], settings: Settings) -> tuple[str, str] | None:
-    """Set the session's timeouts, then find (or make) and check the fencing sequence;
-    its schema and name. Each round trip is bounded (see ``_answer``)."""
-    try:
-        doing = "setting the session's timeouts"
-        _answer(conn, settings, doing, _sql.SET_TIMEOUTS, _timeouts(settings))
-    except psycopg.Error as exc:
-        raise driver_error(settings.url, exc, doing) from None
-    sequence = settings.fencing_sequence
-    if sequence is None:
-        return None
-    doing = f"preparing the fencing sequence {sequence!r}"
-    try:
-        look, create = _sql.ensure_sequence(sequence)
-        row = (_answer(conn, settings, doing, look)).fetchone()
-        if row is None:
-            _answer(conn, settings, doing, create)
-            row = (_answer(conn, settings, doing, look)).fetchone()
-        return check_sequence(settings.url, sequence, row)
-    except psycopg.Error as exc:
-        raise fencing_error(settings.url, sequence, exc) from None
-
-
-def _answer(
-    conn: psycopg.Connection[Any],
-    settings: Settings,
-    doing: str,
-    query: Any,
-    params: Sequence[Any] | None = None,
-) -> psycopg.Cursor[Any]:
-    """``conn.execute`` on a connection other than a set-up session (being set up, or
-    one of its own), whose socket is cut if it gets no answer within ``health_timeout``
-    -- then ``BackendUnavailable`` saying so. Other errors are psycopg's."""
-    cut = Cut(conn, settings.health_timeout)
-    with Deadline(cut.seconds, cut):
-        try:
-            return conn.execute(query, params)
-        except psycopg.Error as exc:
-            if cut.done:
-                raise driver_error(settings.url, exc, doing, cut.seconds) from None
-            raise
-
-
-def _timeouts(settings: Settings) -> tuple[str, str]:
-    """The parameters of ``_sql.SET_TIMEOUTS``."""
-    lock, statement = settings.lock_timeout, settings.statement_timeout
-    return f"{milliseconds(lock)}ms", f"{milliseconds(statement)}ms"
 
 
 def _ended(conn: psycopg.Connection[Any]) -> str | None:

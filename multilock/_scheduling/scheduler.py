@@ -796,7 +796,9 @@ class Scheduler(Service):
                 # hold of a replica that won the tick in time covers tries up to the
                 # grace, no later, so it may have run and released it already.
                 self._held.add(lease)
-                self._release_later(lease, due.state.settle)
+                due.state.running = False  # no body runs: a tick meanwhile is no overlap
+                # In a task: no run tracks this lease, and stop() must wait for its release.
+                self._spawn(self._release(lease, then=due.state.settle))
                 self._emit(
                     EventKind.MISSED, due.job, due.fire, reason=f"{late:.3f}s late (granted)"
                 )
@@ -951,13 +953,15 @@ class Scheduler(Service):
         if quiet is not None and not quiet.done() and not self._active and not self._runs:
             quiet.set_result(None)
 
-    async def _release(self, lease: AsyncLease) -> None:
+    async def _release(self, lease: AsyncLease, then: Callable[[], object] | None = None) -> None:
         self._held.discard(lease)
         try:
             await lease.release()
         except Exception as exc:  # the backend is gone: the lease ends with its session or ttl
             what = f"releasing the lease on {lease.name} failed"
             self._release_failed(what, exc, lease.lost.is_set())
+        if then is not None:
+            then()
 
     def _released(
         self, lease: AsyncLease, done: asyncio.Future[bool], then: Callable[[], object]

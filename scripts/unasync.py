@@ -41,6 +41,8 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "AsyncRedisLease": "RedisLease",
             "AsyncRedisLocker": "RedisLocker",
             "async_client": "sync_client",
+            "async_cluster_client": "sync_cluster_client",
+            "async_learn_slots": "sync_learn_slots",
         },
     ),
     (

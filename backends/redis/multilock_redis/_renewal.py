@@ -22,12 +22,14 @@ from typing import Protocol
 
 from multilock.backend import LostSignal
 
-from ._config import RedisConfig, sync_client
+from ._config import CLUSTER, RedisConfig
 from ._errors import REDIS_ERRORS, translate
+from ._keys import calls
 from ._scripts import EXTEND, HELD_ELSEWHERE
+from ._sync._cluster import SyncClusterLink, new_link
 from ._sync._lua import SyncLink
 
-__all__ = ["Renewer", "ttl_ms"]
+__all__ = ["Renewer", "ttl_ms", "unreplicated"]
 
 _log = logging.getLogger("multilock.redis")
 _RETRY_CAP = 1.0  # the longest pause between two attempts while Redis is unreachable
@@ -44,6 +46,18 @@ class RenewedLease(Protocol):
     _ttl: float
 
     def _set_expiry(self, ttl: float | None) -> None: ...
+
+
+def unreplicated(config: RedisConfig, acked: int) -> str:
+    """Why a write counts as failed under ``wait_replicas``: ``acked`` replicas (or -1:
+    not known) acknowledged it."""
+    wanted = f"{config.wait_replicas} replica(s) asked for (wait_replicas)"
+    if acked < 0:
+        return (
+            f"the write could not be checked against the {wanted}:"
+            " a slot moved or the script was reloaded midway"
+        )
+    return f"only {acked} of the {wanted} acknowledged the write within {config.wait_timeout:g}s"
 
 
 def ttl_ms(seconds: float) -> int:
@@ -109,7 +123,7 @@ class Renewer:
             self._cond.notify()
 
     def _run(self) -> None:
-        link: SyncLink | None = None
+        link: SyncLink | SyncClusterLink | None = None
         timeout = math.inf
         try:
             while True:
@@ -124,7 +138,7 @@ class Renewer:
                     # client is a new connection: not for every small change.)
                     if link is not None:
                         link.close()
-                    link, timeout = SyncLink(sync_client(self._config, budget)), budget
+                    link, timeout = new_link(self._config, budget), budget
                 try:
                     self._renew(link, batch)
                 except Exception:  # a bug must not stop renewal silently: report, retry
@@ -157,28 +171,73 @@ class Renewer:
             self._cond.wait(wake - now)
         return None
 
-    def _renew(self, link: SyncLink, batch: list[RenewedLease]) -> None:
+    def _renew(self, link: SyncLink | SyncClusterLink, batch: list[RenewedLease]) -> None:
         ttls = [lease._ttl for lease in batch]
-        args: list[str | int] = []
-        for lease, ttl in zip(batch, ttls, strict=True):
-            args += (lease.token, ttl_ms(ttl))
+        keys = [lease.key for lease in batch]
+        requests: list[tuple[list[str], list[str | int]]] = []
+        for positions in calls(keys, len(batch), self._config.topology == CLUSTER):
+            args: list[str | int] = []
+            for i in positions:
+                args += (batch[i].token, ttl_ms(ttls[i]))
+            requests.append(([keys[i] for i in positions], args))
         sent = time.monotonic()
-        try:
-            answers = link.run(EXTEND, [lease.key for lease in batch], args)
-        except REDIS_ERRORS as exc:
-            self._failed(batch, str(translate(exc, self._config.url, "renewing leases")))
-            return
-        for lease, ttl, answer in zip(batch, ttls, answers, strict=True):
-            if answer == 1:
+        answers, acked, error = self._extend(link, requests)
+        why = "renewing leases failed"
+        if error is not None:
+            why = str(translate(error, self._config.url, "renewing leases"))
+        elif acked < self._config.wait_replicas:
+            # Extended on the primary only: a failover could bring back the expiry before.
+            why = f"renewing leases: {unreplicated(self._config, acked)}"
+        unconfirmed = []
+        for i, (lease, ttl) in enumerate(zip(batch, ttls, strict=True)):
+            answer = answers.get(i)
+            if answer == 1 and acked >= self._config.wait_replicas:
                 with self._cond:
                     schedule = self._leases.get(lease)
                     if schedule is not None and schedule.deadline < sent + ttl:
                         schedule.deadline, schedule.due = sent + ttl, sent + ttl / 3
                 lease._set_expiry(ttl)
+            elif answer == 1 or answer is None:  # not replicated, or not answered
+                unconfirmed.append(lease)
             elif answer == HELD_ELSEWHERE:
                 self._lose(lease, f"lock {lease.key!r} was taken by another holder")
             else:
                 self._lose(lease, f"lock {lease.key!r} expired or was deleted on the server")
+        if unconfirmed:
+            self._failed(unconfirmed, why)
+
+    def _extend(
+        self, link: SyncLink | SyncClusterLink, requests: list[tuple[list[str], list[str | int]]]
+    ) -> tuple[dict[int, int], int, BaseException | None]:
+        """Run EXTEND for ``requests``: each lease's answer by its position in the batch
+        (none where a request failed: on a cluster, the others' primaries may have
+        answered), how many replicas acknowledged (``wait_replicas`` when not asked),
+        and the first error."""
+        answers: dict[int, int] = {}
+        starts = [0]
+        for keys, _ in requests:
+            starts.append(starts[-1] + len(keys))
+
+        def answered(i: int, reply: list[int]) -> None:
+            for j, answer in enumerate(reply):
+                answers[starts[i] + j] = answer
+
+        wanted, timeout = self._config.wait_replicas, self._config.wait_timeout
+        try:
+            if wanted:
+                replies, acked = link.run_waited(EXTEND, requests, (wanted, timeout))
+                for i, reply in enumerate(replies):
+                    if not isinstance(reply, BaseException):
+                        answered(i, reply)
+                error = next((r for r in replies if isinstance(r, BaseException)), None)
+                return answers, acked, error
+            if len(requests) == 1:
+                answered(0, link.run(EXTEND, *requests[0]))
+            else:
+                link.run_pipelined(EXTEND, requests, answered)
+        except REDIS_ERRORS as exc:
+            return answers, wanted, exc
+        return answers, wanted, None
 
     def _failed(self, batch: list[RenewedLease], reason: str) -> None:
         now = time.monotonic()

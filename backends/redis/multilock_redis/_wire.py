@@ -13,7 +13,7 @@ import threading
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
-__all__ = ["AsyncGate", "AsyncSocket", "SyncGate", "SyncSocket", "pack"]
+__all__ = ["AsyncGate", "AsyncSocket", "SyncGate", "SyncSocket", "pack", "wait_time_ms"]
 
 
 def pack(args: tuple[str | int, ...]) -> bytes:
@@ -28,6 +28,15 @@ def pack(args: tuple[str | int, ...]) -> bytes:
     return b"*%d\r\n" % len(encoded) + b"".join(
         [b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in encoded]
     )
+
+
+def wait_time_ms(timeout: float, socket_timeout: float | None) -> int:
+    """``WAIT``'s timeout in milliseconds: ``timeout``, but within half the socket
+    timeout, so that its answer comes before the socket gives up (and never 0,
+    which would wait forever)."""
+    if socket_timeout is not None:
+        timeout = min(timeout, socket_timeout / 2)
+    return max(1, round(timeout * 1000))
 
 
 class AsyncGate:
@@ -92,6 +101,13 @@ class AsyncSocket:
         """The bound of one call: a ``TimeoutError`` when it passes."""
         return asyncio.timeout(self.timeout)
 
+    async def open(self) -> None:
+        """Connect if not connected, through ``connect()``: a Sentinel-managed
+        connection asks the Sentinels where the primary is there, which a send on
+        a closed connection skips (it would dial redis-py's default, localhost:6379)."""
+        if not self.connection.is_connected:
+            await self.connection.connect()
+
 
 class SyncSocket:
     """:class:`AsyncSocket` for threads: the connection's own socket timeout bounds a call."""
@@ -108,3 +124,8 @@ class SyncSocket:
     def deadline(self) -> nullcontext[None]:
         """Nothing to add: every socket operation has its timeout."""
         return nullcontext()
+
+    def open(self) -> None:
+        """:meth:`AsyncSocket.open`."""
+        if self.connection._sock is None:  # is_connected is not in every redis-py 5
+            self.connection.connect()

@@ -239,6 +239,7 @@ def test_a_connection_closed_while_idle_is_replaced_without_an_error_async(
         admin = throwaway_redis.admin()
         async with multilock.connect_async(_url(throwaway_redis)) as locker:
             assert isinstance(locker, AsyncRedisLocker)
+            assert isinstance(locker._link, async_lua.AsyncLink)
             connection = locker._link._socket.connection
             warm_up = await locker.try_acquire("before")
             assert warm_up is not None

@@ -181,8 +181,6 @@ def parse_config(url: LockURL) -> RedisConfig:
         raise InvalidOption(
             f"option 'wait_replicas' of {url.masked!r} must be at most {MAX_WAIT_REPLICAS}"
         )
-    if values["wait_timeout"] <= 0:
-        raise InvalidOption(f"option 'wait_timeout' of {url.masked!r} must be more than 0")
     known = _SCHEMES.get(url.scheme)
     if known is None:
         raise InvalidURL(

@@ -3,11 +3,16 @@ has -- names spread over slots and primaries."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 import pytest
 
+import multilock
+from multilock.errors import BackendUnavailable
 from multilock.testing import ConformanceTests, server_url
+from multilock_redis import RedisLease, lock_key
 
 pytestmark = pytest.mark.topology
 
@@ -21,3 +26,39 @@ class TestRedisClusterConformance(ConformanceTests):
     def multilock_url(self, redis_cluster: Any, request: pytest.FixtureRequest) -> str:
         """The test's own cluster, with a short default ttl."""
         return server_url(request.config, f"{redis_cluster.url}?ttl={TTL}")
+
+
+def test_many_names_over_every_primary_are_granted_renewed_listed_and_freed(
+    redis_cluster: Any,
+) -> None:
+    # A cluster runs a script on one slot only: a batch is split by slot, and so
+    # are renewal and release. 300 names cover every primary.
+    url = f"{redis_cluster.url}?ttl=600ms"
+    names = [f"spread-{uuid.uuid4().hex[:8]}-{i}" for i in range(300)]
+    assert len({redis_cluster.primary_for(lock_key(name)).port for name in names}) == 3
+    with multilock.connect(url) as holder, multilock.connect(url) as other:
+        leases = holder.try_acquire_many(names)
+        held = [lease for lease in leases.values() if isinstance(lease, RedisLease)]
+        assert len(held) == len(names)
+        assert {lease.fencing_token for lease in held} == {1}
+        renewed_until = time.monotonic() + 3 * 0.6  # three ttls: renewed on every primary
+        while time.monotonic() < renewed_until:
+            assert not any(other.try_acquire_many(names).values())
+            time.sleep(0.1)
+        assert not any(lease.lost.is_set() for lease in held)
+        listed = {info.name: info for info in other.locks() if info.name in leases}
+        assert set(listed) == set(names)  # scanned on every primary
+        assert {info.details["fencing_token"] for info in listed.values()} == {1}
+    with multilock.connect(url) as after:  # the holder's close() freed all of them
+        again = after.try_acquire_many(names)
+        assert {lease.fencing_token for lease in again.values() if lease} == {2}
+        assert len([lease for lease in again.values() if lease]) == len(names)
+
+
+def test_a_server_not_in_cluster_mode_is_named(redis_url: str) -> None:
+    address = redis_url.split("://", 1)[1].split("/", 1)[0]
+    with (
+        multilock.connect(f"redis+cluster://{address}/") as locker,
+        pytest.raises(BackendUnavailable, match=r"[Cc]luster mode is not enabled"),
+    ):
+        locker.try_acquire("anything")

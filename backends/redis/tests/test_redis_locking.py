@@ -24,6 +24,7 @@ from multilock_redis import (
 )
 from multilock_redis._async._lua import AsyncLink
 from multilock_redis._common import CHUNK
+from multilock_redis._scripts import ACQUIRE, ACQUIRE_MANY
 from multilock_redis._sync._lua import SyncLink
 
 TTL = 0.3  # short, so that expiry and loss show within a second
@@ -258,6 +259,23 @@ def test_try_acquire_many_gives_large_fencing_tokens_whole(
     leases = locker.try_acquire_many([name, f"{name}-other"])
     assert _held(leases[name]).fencing_token == 123_456_789_012_346
     assert _held(leases[f"{name}-other"]).fencing_token == 1
+
+
+def test_an_acquire_sent_twice_answers_its_own_fencing_token_again(
+    admin: redis.Redis, name: str
+) -> None:
+    # redis-py's cluster pipeline sends a command again after a connection error,
+    # though the first may have run: that must not read as "held elsewhere".
+    keys = [lock_key(name), fence_key(name)]
+    first = admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-1")
+    assert first == 1
+    assert admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-1") == first
+    assert admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-2") == 0  # someone else
+    other = [lock_key(f"{name}-b"), fence_key(f"{name}-b")]
+    batch = (2 * 2, *keys, *other, 10_000, "token-1", "token-3")
+    assert admin.eval(ACQUIRE_MANY.source, *batch) == b"1 1"  # ours again, and a new one
+    assert admin.eval(ACQUIRE_MANY.source, *batch) == b"1 1"
+    assert admin.get(fence_key(f"{name}-b")) == b"1"  # the replay bumped nothing
 
 
 def test_try_acquire_many_of_nothing_asks_nothing(locker: RedisLocker) -> None:

@@ -12,7 +12,7 @@ import pytest
 import multilock
 from multilock.errors import BackendUnavailable
 from multilock.testing import ConformanceTests, server_url
-from multilock_redis import RedisLease, lock_key
+from multilock_redis import RedisLease, RedisLocker, lock_key
 
 pytestmark = pytest.mark.topology
 
@@ -37,6 +37,7 @@ def test_many_names_over_every_primary_are_granted_renewed_listed_and_freed(
     names = [f"spread-{uuid.uuid4().hex[:8]}-{i}" for i in range(300)]
     assert len({redis_cluster.primary_for(lock_key(name)).port for name in names}) == 3
     with multilock.connect(url) as holder, multilock.connect(url) as other:
+        assert isinstance(other, RedisLocker)
         leases = holder.try_acquire_many(names)
         held = [lease for lease in leases.values() if isinstance(lease, RedisLease)]
         assert len(held) == len(names)

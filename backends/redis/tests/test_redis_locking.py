@@ -272,7 +272,7 @@ def test_an_acquire_sent_twice_answers_its_own_fencing_token_again(
     assert admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-1") == first
     assert admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-2") == 0  # someone else
     other = [lock_key(f"{name}-b"), fence_key(f"{name}-b")]
-    batch = (*keys, *other, 10_000, "token-1", "token-3")
+    batch: list[str | int] = [*keys, *other, 10_000, "token-1", "token-3"]
     assert admin.eval(ACQUIRE_MANY.source, 4, *batch) == b"1 1"  # ours again, and a new one
     assert admin.eval(ACQUIRE_MANY.source, 4, *batch) == b"1 1"
     assert admin.get(fence_key(f"{name}-b")) == b"1"  # the replay bumped nothing

@@ -43,6 +43,7 @@ RULES: list[tuple[str, str, dict[str, str]]] = [
             "async_client": "sync_client",
             "async_cluster_client": "sync_cluster_client",
             "async_learn_slots": "sync_learn_slots",
+            "async_forget_slots": "sync_forget_slots",
         },
     ),
     (

@@ -38,12 +38,14 @@ __all__ = [
     "admin_client",
     "async_client",
     "async_cluster_client",
+    "async_forget_slots",
     "async_learn_slots",
     "close_admin",
     "parse_config",
     "sentinels_of",
     "sync_client",
     "sync_cluster_client",
+    "sync_forget_slots",
     "sync_learn_slots",
 ]
 
@@ -381,6 +383,18 @@ async def async_learn_slots(client: redis.asyncio.cluster.RedisCluster) -> None:
 
 def sync_learn_slots(client: redis.cluster.RedisCluster) -> None:
     """Nothing to do: the sync client learnt the slots when it was made."""
+
+
+async def async_forget_slots(client: redis.asyncio.cluster.RedisCluster) -> None:
+    """Have ``client`` learn the cluster's slots again before its next command. Its
+    single commands see to that after a connection error, its pipelines do not (with
+    retries off): without this, a pipeline would dial a dead primary forever."""
+    await client.aclose()
+
+
+def sync_forget_slots(client: redis.cluster.RedisCluster) -> None:
+    """Nothing to do: the sync client's pipelines learn the slots again themselves
+    after a connection error."""
 
 
 def admin_client(config: RedisConfig) -> redis.Redis | redis.cluster.RedisCluster:

@@ -25,7 +25,7 @@ from multilock.backend import LostSignal
 from ._config import CLUSTER, RedisConfig
 from ._errors import REDIS_ERRORS, translate
 from ._keys import calls
-from ._scripts import EXTEND, HELD_ELSEWHERE
+from ._scripts import EXTEND, HELD_ELSEWHERE, RELEASE_MANY
 from ._sync._cluster import SyncClusterLink, new_link
 from ._sync._lua import SyncLink
 
@@ -65,6 +65,17 @@ def ttl_ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+class _Pending:
+    """A release that could not reach Redis, tried again until its key has expired."""
+
+    __slots__ = ("deadline", "due", "retry")
+
+    def __init__(self, deadline: float, retry: float) -> None:
+        self.deadline = deadline  # the key's expiry at the latest (monotonic clock)
+        self.retry = retry
+        self.due = time.monotonic() + retry
+
+
 class _Schedule:
     __slots__ = ("deadline", "due")
 
@@ -88,6 +99,7 @@ class Renewer:
         self._idle = config.ttl / 3
         self._cond = threading.Condition(threading.Lock())
         self._leases: dict[RenewedLease, _Schedule] = {}
+        self._releases: dict[tuple[str, str], _Pending] = {}  # (key, token) to free
         self._wake_at = math.inf
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -97,14 +109,39 @@ class Renewer:
         with self._cond:
             for lease in leases:
                 schedule = self._leases[lease] = _Schedule(lease._ttl, start)
-                if schedule.due < self._wake_at:
-                    self._wake_at = schedule.due
-                    self._cond.notify()
-            if self._thread is None and not self._stopping:
-                self._thread = threading.Thread(
-                    target=self._run, name="multilock-redis-renewal", daemon=True
-                )
-                self._thread.start()
+                self._wake(schedule.due)
+            self._start()
+
+    def release_later(self, locks: Iterable[tuple[str, str, float]]) -> None:
+        """Try again and again to free ``locks`` (key, token, ttl), whose release could
+        not reach Redis (down, or failing over), until they would have expired anyway.
+
+        A compare-and-delete, so harmless to whoever holds a name by then: it frees
+        the name as soon as Redis answers, instead of at the key's expiry.
+        """
+        now = time.monotonic()
+        with self._cond:
+            if self._stopping:
+                return
+            for key, token, ttl in locks:
+                pending = _Pending(now + ttl, min(ttl / 10, _RETRY_CAP))
+                self._releases[(key, token)] = pending
+                self._wake(pending.due)
+            self._start()
+
+    def _wake(self, due: float) -> None:
+        """Have the thread wake up by monotonic time ``due`` (holding the condition)."""
+        if due < self._wake_at:
+            self._wake_at = due
+            self._cond.notify()
+
+    def _start(self) -> None:
+        """Start the thread if it has not been (holding the condition)."""
+        if self._thread is None and not self._stopping:
+            self._thread = threading.Thread(
+                target=self._run, name="multilock-redis-renewal", daemon=True
+            )
+            self._thread.start()
 
     def extended(self, lease: RenewedLease, start: float) -> None:
         """``lease`` was extended to its ``_ttl`` at monotonic time ``start``."""
@@ -120,6 +157,7 @@ class Renewer:
         with self._cond:
             self._stopping = True
             self._leases.clear()
+            self._releases.clear()
             self._cond.notify()
 
     def _run(self) -> None:
@@ -131,7 +169,7 @@ class Renewer:
                     due = self._next_batch()
                 if due is None:
                     return
-                batch, budget = due
+                batch, releases, budget = due
                 if link is None or not timeout <= budget <= 4 * timeout:
                     # Never wait on a socket past a lease's confirmed expiry: it must
                     # be reported lost by then, whatever the server does. (A new
@@ -140,7 +178,10 @@ class Renewer:
                         link.close()
                     link, timeout = new_link(self._config, budget), budget
                 try:
-                    self._renew(link, batch)
+                    if batch:
+                        self._renew(link, batch)
+                    if releases:
+                        self._release(link, releases)
                 except Exception:  # a bug must not stop renewal silently: report, retry
                     _log.exception("renewing %d lease(s) failed", len(batch))
                     self._failed(batch, "the renewal thread hit an unexpected error")
@@ -148,28 +189,54 @@ class Renewer:
             if link is not None:
                 link.close()
 
-    def _next_batch(self) -> tuple[list[RenewedLease], float] | None:
-        """Wait (holding the condition) until some lease is due; ``None`` to stop.
+    def _next_batch(
+        self,
+    ) -> tuple[list[RenewedLease], list[tuple[str, str]], float] | None:
+        """Wait (holding the condition) until some lease or release is due; ``None``
+        to stop.
 
-        Returns the leases to renew now and how long a renewal may take.
+        Returns the leases to renew now, the releases to try again, and how long a
+        call may take.
         """
         while not self._stopping:
             now = time.monotonic()
-            wake = min((s.due for s in self._leases.values()), default=now + self._idle)
+            dues = [s.due for s in self._leases.values()]
+            dues += [pending.due for pending in self._releases.values()]
+            wake = min(dues, default=now + self._idle)
             if wake <= now:
                 self._wake_at = -math.inf  # adds during the round need no wake-up
                 batch = []
                 # The shortest ttl of all leases, not of this batch: a budget that
                 # stays put keeps the connection.
-                budget = min(self._config.socket_timeout, *(held._ttl / 3 for held in self._leases))
+                ttls = [held._ttl / 3 for held in self._leases]
+                budget = min([self._config.socket_timeout, *ttls])
                 for lease, schedule in self._leases.items():
                     if schedule.due <= now + lease._ttl / 6:
                         batch.append(lease)
                         budget = min(budget, schedule.deadline - now)
-                return batch, max(_MIN_TIMEOUT, budget)
+                releases = []
+                for release, pending in list(self._releases.items()):
+                    if pending.deadline <= now:
+                        del self._releases[release]  # expired: nothing left to free
+                    elif pending.due <= now:
+                        releases.append(release)
+                        pending.due = now + pending.retry
+                return batch, releases, max(_MIN_TIMEOUT, budget)
             self._wake_at = wake
             self._cond.wait(wake - now)
         return None
+
+    def _release(self, link: SyncLink | SyncClusterLink, releases: list[tuple[str, str]]) -> None:
+        """Try the releases again; those that reach Redis are done."""
+        keys, tokens = [key for key, _ in releases], [token for _, token in releases]
+        for positions in calls(keys, len(keys), self._config.topology == CLUSTER):
+            try:
+                link.run(RELEASE_MANY, [keys[i] for i in positions], [tokens[i] for i in positions])
+            except REDIS_ERRORS:
+                continue  # still unreachable: the next try is due in a while
+            with self._cond:
+                for i in positions:
+                    self._releases.pop(releases[i], None)
 
     def _renew(self, link: SyncLink | SyncClusterLink, batch: list[RenewedLease]) -> None:
         ttls = [lease._ttl for lease in batch]

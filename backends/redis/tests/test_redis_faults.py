@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +18,13 @@ import redis
 
 import multilock
 from multilock.errors import BackendUnavailable
-from multilock.testing import apoll
+from multilock.testing import apoll, poll
 from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker
 from multilock_redis._async import _lua as async_lua
 from multilock_redis._common import CHUNK
 from multilock_redis._sync import _lua as sync_lua
+
+from .conftest import RedisServer
 
 pytestmark = pytest.mark.faults
 
@@ -312,3 +315,32 @@ def test_unix_socket(throwaway_redis: Any, scheme: str) -> None:
         assert admin.get(lease.key) == lease.token.encode()
         admin.close()
         assert lease.release()
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["release", "release-many"])
+def test_a_release_redis_did_not_hear_is_made_once_it_is_back(tmp_path: Path, many: bool) -> None:
+    # A release that cannot reach Redis raises, and is tried again in the background:
+    # the name is free as soon as Redis is back (with the lock still in its data),
+    # not only when the key's ttl runs out. A scheduler's hold releases failing in a
+    # failover would otherwise block their jobs for the lease's ttl.
+    server = RedisServer(tmp_path, args=("--appendonly", "yes", "--appendfsync", "always"))
+    server.start()
+    try:
+        url = _url(server, ttl="30s")
+        with multilock.connect(url) as holder, multilock.connect(url) as other:
+            assert isinstance(holder, RedisLocker)
+            lease = _held(holder.try_acquire("kept"))
+            server.stop()
+            logged = "".join(path.read_text() for path in tmp_path.rglob("*.aof"))
+            assert lease.key in logged  # the lock comes back with the server's data
+            if many:
+                with pytest.raises(BackendUnavailable):
+                    holder._release_many([lease])  # the scheduler's release of many
+            else:
+                _raises_promptly(lease.release)
+            server.start()
+            taken = poll("another locker takes the name", lambda: other.try_acquire("kept"), 5.0)
+            assert taken.fencing_token == 2
+            taken.release()
+    finally:
+        server.remove()

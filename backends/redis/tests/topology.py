@@ -66,6 +66,8 @@ class Cluster:
                 "--cluster-config-file": "nodes.conf",
                 "--cluster-node-timeout": str(CLUSTER_NODE_TIMEOUT_MS),
                 "--cluster-port": str(free_port()),
+                # A replica's first copy at once (the default waits 5 s for others).
+                "--repl-diskless-sync-delay": "0",
             }
             args = tuple(part for pair in options.items() for part in pair)
             self.nodes.append(RedisServer(home, args=args))
@@ -97,7 +99,11 @@ class Cluster:
                 return False
         roles = self.roles()
         primaries = [port for port, primary in roles.items() if primary is None]
-        return len(primaries) == 3 and all(self.replica_of(port) for port in primaries)
+        if len(primaries) != 3 or not all(self.replica_of(port) for port in primaries):
+            return False
+        # Only a replica that has its copy can be promoted.
+        replicas = [port for port, primary in roles.items() if primary is not None]
+        return all(_copying(port) for port in replicas)
 
     @property
     def url(self) -> str:
@@ -178,7 +184,7 @@ class Sentinels:
     def __init__(self, directory: Path, replicas: int = 1) -> None:
         self.directory = directory
         (directory / "primary").mkdir(parents=True)
-        self.primary = RedisServer(directory / "primary")
+        self.primary = RedisServer(directory / "primary", args=("--repl-diskless-sync-delay", "0"))
         self.replicas: list[RedisServer] = []
         for i in range(replicas):
             (directory / f"replica-{i}").mkdir()
@@ -227,11 +233,7 @@ class Sentinels:
         poll("every Sentinel knows the replicas and the others", self._watching, _READY_WITHIN)
 
     def _replicating(self) -> bool:
-        for replica in self.replicas:
-            info = _ask(replica.port, "INFO", "replication")  # parsed by redis-py
-            if not isinstance(info, dict) or info.get("master_link_status") != "up":
-                return False
-        return True
+        return all(_copying(replica.port) for replica in self.replicas)
 
     def _watching(self) -> bool:
         for port in self.ports:
@@ -274,6 +276,12 @@ class Sentinels:
             process.wait(timeout=10)
         for server in self.servers:
             server.remove()
+
+
+def _copying(port: int) -> bool:
+    """Whether the replica on ``port`` has its primary's data and follows it."""
+    info = _ask(port, "INFO", "replication")  # parsed by redis-py
+    return isinstance(info, dict) and info.get("master_link_status") == "up"
 
 
 def _bytes(answer: object) -> bytes:

@@ -20,6 +20,7 @@ from .._config import (
     RedisConfig,
     async_client,
     async_cluster_client,
+    async_forget_slots,
     async_learn_slots,
 )
 from .._scripts import Lua
@@ -145,7 +146,13 @@ class AsyncClusterLink:
             primaries = {node.name: node for node in owners}
             for node in primaries.values():
                 pipe.execute_command("WAIT", replicas, wait_ms, target_nodes=node)
-        replies = await pipe.execute(raise_on_error=False)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except client.ERRORS_ALLOW_RETRY:
+            await async_forget_slots(client)
+            raise
+        if any(isinstance(reply, client.ERRORS_ALLOW_RETRY) for reply in replies):
+            await async_forget_slots(client)
         answers = replies[: len(requests)]
         if wait is None:
             return answers, -1

@@ -64,12 +64,14 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
                 answers, acked = await self._link.run_waited(ACQUIRE, [(keys, args)], self._wait)
                 fence = self._answer(answers[0])
         except REDIS_ERRORS as exc:
+            # It may have run (its answer lost): the lock is freed once Redis answers.
+            self._renewer.release_later([(keys[0], tokens[0], ttl)])
             raise translate(exc, self._url, "acquiring") from None
         if not fence:
             return None
         lease = AsyncRedisLease(self, name, keys[0], tokens[0], fence, ttl, expires_at)
         if self._wait is not None and acked < self._wait[0]:
-            await self._give_back([lease])
+            await self._give_back(*self._given_back([lease]), ttl)
             raise self._unreplicated("acquiring", acked)
         await self._hold([lease], start)
         return lease
@@ -85,7 +87,10 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         granted: list[AsyncRedisLease] = []
         start, expires_at = time.monotonic(), _expiry(ttl)
 
+        answered_calls: set[int] = set()
+
         def answered(i: int, answer: bytes | str) -> None:
+            answered_calls.add(i)
             chunk, keys, tokens = made[i]
             for j, fence in enumerate(parse_fences(answer)):
                 if fence:
@@ -107,8 +112,14 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
                 if granted and acked < self._wait[0]:
                     raise self._unreplicated("acquiring", acked)
         except BaseException as exc:
-            # A call may have been answered before another failed: nothing stays held.
-            await self._give_back(granted)
+            # A call may have been answered before another failed, and one whose
+            # answer was lost may have run: nothing stays held.
+            keys, tokens = self._given_back(granted)
+            for i, (_, made_keys, made_tokens) in enumerate(made):
+                if i not in answered_calls:
+                    keys += made_keys[::2]
+                    tokens += made_tokens
+            await self._give_back(keys, tokens, ttl)
             if isinstance(exc, REDIS_ERRORS):
                 raise translate(exc, self._url, "acquiring") from None
             raise
@@ -121,17 +132,19 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         try:
             self._track(leases, start)
         except BaseException:
-            await self._give_back(leases)
+            await self._give_back(*self._given_back(leases), max(lease._ttl for lease in leases))
             raise
 
-    async def _give_back(self, leases: list[AsyncRedisLease]) -> None:
-        """Release ``leases``, granted by a call that then failed (best effort: a key
-        that cannot be deleted now expires after its ttl)."""
-        keys, tokens = self._given_back(leases)
+    async def _give_back(self, keys: list[str], tokens: list[str], ttl: float) -> None:
+        """Compare-and-delete ``keys`` under ``tokens``: set, or maybe set, by a call that
+        then failed. What Redis cannot be asked now is tried again in the background
+        until those keys (of ``ttl``) would have expired anyway."""
         try:
             await self._release_all(keys, tokens)
         except REDIS_ERRORS:
-            pass
+            self._renewer.release_later(
+                (key, token, ttl) for key, token in zip(keys, tokens, strict=True)
+            )
 
     async def _release_all(self, keys: list[str], tokens: list[str]) -> None:
         """Compare-and-delete ``keys`` held under ``tokens``: one script call (on a
@@ -147,6 +160,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         try:
             freed = await self._link.run(RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
+            self._renewer.release_later([(lease.key, lease.token, lease._ttl)])
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
             raise translate(exc, self._url, "releasing") from None
@@ -159,6 +173,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         try:
             await self._release_all(keys, tokens)
         except REDIS_ERRORS as exc:
+            self._renewer.release_later((lease.key, lease.token, lease._ttl) for lease in mine)
             if all(lease.lost.is_set() for lease in mine):
                 return  # already reported lost: their keys expire on their own
             raise translate(exc, self._url, "releasing") from None

@@ -23,6 +23,7 @@ from .._config import (
     SyncClusterClient,
     sync_client,
     sync_cluster_client,
+    sync_forget_slots,
     sync_learn_slots,
 )
 from .._scripts import Lua
@@ -148,7 +149,13 @@ class SyncClusterLink:
             primaries = {node.name: node for node in owners}
             for node in primaries.values():
                 pipe.execute_command("WAIT", replicas, wait_ms, target_nodes=node)
-        replies = pipe.execute(raise_on_error=False)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except client.ERRORS_ALLOW_RETRY:
+            sync_forget_slots(client)
+            raise
+        if any(isinstance(reply, client.ERRORS_ALLOW_RETRY) for reply in replies):
+            sync_forget_slots(client)
         answers = replies[: len(requests)]
         if wait is None:
             return answers, -1

@@ -67,12 +67,14 @@ class RedisLocker(RedisLockerCommon, LockerBase):
                 answers, acked = self._link.run_waited(ACQUIRE, [(keys, args)], self._wait)
                 fence = self._answer(answers[0])
         except REDIS_ERRORS as exc:
+            # It may have run (its answer lost): the lock is freed once Redis answers.
+            self._renewer.release_later([(keys[0], tokens[0], ttl)])
             raise translate(exc, self._url, "acquiring") from None
         if not fence:
             return None
         lease = RedisLease(self, name, keys[0], tokens[0], fence, ttl, expires_at)
         if self._wait is not None and acked < self._wait[0]:
-            self._give_back([lease])
+            self._give_back(*self._given_back([lease]), ttl)
             raise self._unreplicated("acquiring", acked)
         self._hold([lease], start)
         return lease
@@ -86,7 +88,10 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         granted: list[RedisLease] = []
         start, expires_at = time.monotonic(), _expiry(ttl)
 
+        answered_calls: set[int] = set()
+
         def answered(i: int, answer: bytes | str) -> None:
+            answered_calls.add(i)
             chunk, keys, tokens = made[i]
             for j, fence in enumerate(parse_fences(answer)):
                 if fence:
@@ -106,8 +111,14 @@ class RedisLocker(RedisLockerCommon, LockerBase):
                 if granted and acked < self._wait[0]:
                     raise self._unreplicated("acquiring", acked)
         except BaseException as exc:
-            # A call may have been answered before another failed: nothing stays held.
-            self._give_back(granted)
+            # A call may have been answered before another failed, and one whose
+            # answer was lost may have run: nothing stays held.
+            keys, tokens = self._given_back(granted)
+            for i, (_, made_keys, made_tokens) in enumerate(made):
+                if i not in answered_calls:
+                    keys += made_keys[::2]
+                    tokens += made_tokens
+            self._give_back(keys, tokens, ttl)
             if isinstance(exc, REDIS_ERRORS):
                 raise translate(exc, self._url, "acquiring") from None
             raise
@@ -120,17 +131,19 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         try:
             self._track(leases, start)
         except BaseException:
-            self._give_back(leases)
+            self._give_back(*self._given_back(leases), max(lease._ttl for lease in leases))
             raise
 
-    def _give_back(self, leases: list[RedisLease]) -> None:
-        """Release ``leases``, granted by a call that then failed (best effort: a key
-        that cannot be deleted now expires after its ttl)."""
-        keys, tokens = self._given_back(leases)
+    def _give_back(self, keys: list[str], tokens: list[str], ttl: float) -> None:
+        """Compare-and-delete ``keys`` under ``tokens``: set, or maybe set, by a call that
+        then failed. What Redis cannot be asked now is tried again in the background
+        until those keys (of ``ttl``) would have expired anyway."""
         try:
             self._release_all(keys, tokens)
         except REDIS_ERRORS:
-            pass
+            self._renewer.release_later(
+                (key, token, ttl) for key, token in zip(keys, tokens, strict=True)
+            )
 
     def _release_all(self, keys: list[str], tokens: list[str]) -> None:
         """Compare-and-delete ``keys`` held under ``tokens``: one script call (on a
@@ -146,6 +159,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         try:
             freed = self._link.run(RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
+            self._renewer.release_later([(lease.key, lease.token, lease._ttl)])
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
             raise translate(exc, self._url, "releasing") from None
@@ -158,6 +172,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         try:
             self._release_all(keys, tokens)
         except REDIS_ERRORS as exc:
+            self._renewer.release_later((lease.key, lease.token, lease._ttl) for lease in mine)
             if all(lease.lost.is_set() for lease in mine):
                 return  # already reported lost: their keys expire on their own
             raise translate(exc, self._url, "releasing") from None

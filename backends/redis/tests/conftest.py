@@ -82,6 +82,7 @@ class RedisServer:
         auth_clients: bool = False,
         args: tuple[str, ...] = (),
         host: str = "127.0.0.1",
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.directory = directory
         self.password = password
@@ -90,9 +91,12 @@ class RedisServer:
         self.auth_clients = auth_clients
         self.args = args  # more redis-server options (cluster, replication...)
         self.host = host  # the address it listens on
+        self.prefix = prefix  # what runs it: ("ip", "netns", "exec", name) in a namespace
         # Unix socket paths are limited to about 100 bytes: keep it short.
         self.socket_path = Path(tempfile.mkdtemp(prefix="mlr-")) / "redis.sock"
-        self.port: int = free_port(host)
+        # In a namespace of its own every port is free: pick one free on the host's
+        # loopback, so that no two servers of a test share a port.
+        self.port: int = free_port("127.0.0.1" if prefix else host)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -133,10 +137,14 @@ class RedisServer:
             pytest.skip("redis-server is not installed")
         self.process = subprocess.Popen(
             [
+                *self.prefix,
                 executable,
                 *self._listen(),
                 "--bind",
                 self.host,
+                # Off the loopback, only on a test's own veth link: let its peers in.
+                "--protected-mode",
+                "yes" if self.host == "127.0.0.1" else "no",
                 "--save",
                 "",
                 "--appendonly",

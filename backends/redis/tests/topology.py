@@ -39,14 +39,10 @@ def unavailable(config: pytest.Config, message: str) -> None:
     pytest.skip(message)
 
 
-def _admin(port: int) -> redis.Redis:
-    return redis.Redis("127.0.0.1", port, socket_timeout=2, socket_connect_timeout=2)
-
-
-def _ask(port: int, *command: str) -> object:
+def _ask(port: int, *command: str, host: str = "127.0.0.1") -> object:
     """One command to the server on ``port``; ``None`` when it cannot be asked."""
     try:
-        with _admin(port) as client:
+        with redis.Redis(host, port, socket_timeout=2, socket_connect_timeout=2) as client:
             return client.execute_command(*command)
     except redis.RedisError:
         return None
@@ -179,17 +175,37 @@ class Cluster:
 
 class Sentinels:
     """A primary with ``replicas`` replicas, and three Sentinels (Debian's
-    ``redis-sentinel``) watching it as ``mymaster``, quorum 2."""
+    ``redis-sentinel``) watching it as ``mymaster``, quorum 2.
 
-    def __init__(self, directory: Path, replicas: int = 1) -> None:
+    The primary listens on ``primary_host``, the replicas on ``replica_host``, run by
+    ``replica_prefix`` (a network namespace's ``ip netns exec``, to cut their link);
+    the Sentinels on the loopback.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        replicas: int = 1,
+        primary_host: str = "127.0.0.1",
+        replica_host: str = "127.0.0.1",
+        replica_prefix: tuple[str, ...] = (),
+    ) -> None:
         self.directory = directory
         (directory / "primary").mkdir(parents=True)
-        self.primary = RedisServer(directory / "primary", args=("--repl-diskless-sync-delay", "0"))
+        quick = ("--repl-diskless-sync-delay", "0")  # a replica's first copy at once
+        self.primary = RedisServer(directory / "primary", args=quick, host=primary_host)
         self.replicas: list[RedisServer] = []
         for i in range(replicas):
             (directory / f"replica-{i}").mkdir()
-            args = ("--replicaof", "127.0.0.1", str(self.primary.port))
-            self.replicas.append(RedisServer(directory / f"replica-{i}", args=args))
+            follow = ("--replicaof", primary_host, str(self.primary.port))
+            self.replicas.append(
+                RedisServer(
+                    directory / f"replica-{i}",
+                    args=follow,
+                    host=replica_host,
+                    prefix=replica_prefix,
+                )
+            )
         self.ports = [free_port() for _ in range(3)]
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -220,7 +236,9 @@ class Sentinels:
             conf = home / "sentinel.conf"  # Sentinel rewrites it: a file of its own
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {home}\n"
-                f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 2\n"
+                # Their address to each other, whatever address reaches the primary.
+                "sentinel announce-ip 127.0.0.1\n"
+                f"sentinel monitor {SERVICE} {self.primary.host} {self.primary.port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {SERVICE} 10000\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
@@ -233,7 +251,7 @@ class Sentinels:
         poll("every Sentinel knows the replicas and the others", self._watching, _READY_WITHIN)
 
     def _replicating(self) -> bool:
-        return all(_copying(replica.port) for replica in self.replicas)
+        return all(_copying(replica.port, replica.host) for replica in self.replicas)
 
     def _watching(self) -> bool:
         for port in self.ports:
@@ -264,8 +282,9 @@ class Sentinels:
             port = self.primary_port()
             if port is None or port == old.port:
                 return None
-            role = _ask(port, "ROLE")
-            return self.server(port) if isinstance(role, list) and role[0] == b"master" else None
+            new = self.server(port)
+            role = _ask(port, "ROLE", host=new.host)
+            return new if isinstance(role, list) and role[0] == b"master" else None
 
         return poll(f"a replica took over from port {old.port}", promoted, within, 0.01)
 
@@ -278,9 +297,9 @@ class Sentinels:
             server.remove()
 
 
-def _copying(port: int) -> bool:
+def _copying(port: int, host: str = "127.0.0.1") -> bool:
     """Whether the replica on ``port`` has its primary's data and follows it."""
-    info = _ask(port, "INFO", "replication")  # parsed by redis-py
+    info = _ask(port, "INFO", "replication", host=host)  # parsed by redis-py
     return isinstance(info, dict) and info.get("master_link_status") == "up"
 
 

@@ -3,6 +3,7 @@ has -- names spread over slots and primaries."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -63,3 +64,43 @@ def test_a_server_not_in_cluster_mode_is_named(redis_url: str) -> None:
         pytest.raises(BackendUnavailable, match=r"[Cc]luster mode is not enabled"),
     ):
         locker.try_acquire("anything")
+
+
+def test_wait_replicas_asks_each_primary_written_to(redis_cluster: Any) -> None:
+    # WAIT counts the writes of its own connection: each primary a call wrote to is
+    # asked, after them, on theirs. A replica that does not acknowledge (frozen
+    # here) has its primary's grants undone and refused.
+    url = f"{redis_cluster.url}?wait_replicas=1&wait_timeout=200ms&socket_timeout=1s"
+    names = [f"wait-{uuid.uuid4().hex[:8]}-{i}" for i in range(30)]
+    primary = redis_cluster.primary_for(lock_key(names[0]))
+    replica = redis_cluster.replica_of(primary.port)
+    assert replica is not None
+    with multilock.connect(url) as locker:
+        _held_lease(locker.try_acquire(names[0])).release()
+        granted = locker.try_acquire_many(names)  # over every primary
+        assert all(granted.values())
+        locker._release_many(list(granted.values()))  # type: ignore[attr-defined]
+        replica.pause()
+        try:
+            with pytest.raises(BackendUnavailable, match="acknowledged the write"):
+                locker.try_acquire(names[0])
+            with pytest.raises(BackendUnavailable, match="acknowledged the write"):
+                locker.try_acquire_many(names)
+        finally:
+            replica.resume()
+        with primary.admin() as admin:
+            assert not admin.exists(lock_key(names[0]))  # undone
+        assert all(locker.try_acquire_many(names).values())  # every name free again
+
+    async def main() -> None:
+        async with multilock.connect_async(url) as locker:
+            lease = await locker.try_acquire(f"{names[0]}-async")
+            assert lease is not None
+            assert await lease.release()
+
+    asyncio.run(main())
+
+
+def _held_lease(lease: object) -> RedisLease:
+    assert isinstance(lease, RedisLease), f"expected a lease, got {lease!r}"
+    return lease

@@ -8,7 +8,8 @@ wake-up are renewed by one script call, whatever their number.
 A lease is renewed every third of its ttl (a little earlier, to batch it with
 others). When Redis says the key is gone or taken, ``lost`` fires at once; when
 Redis cannot be asked, the renewal is retried until the lease's last confirmed
-expiry, and ``lost`` fires when that passes unconfirmed.
+expiry, and ``lost`` fires when that passes unconfirmed -- a little before it (see
+:func:`guard`), so that the holder is told before Redis can give the name away.
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ __all__ = ["Renewer", "ttl_ms", "unreplicated"]
 _log = logging.getLogger("multilock.redis")
 _RETRY_CAP = 1.0  # the longest pause between two attempts while Redis is unreachable
 _MIN_TIMEOUT = 0.005
+_GUARD_CAP = 0.25
+
+
+def guard(ttl: float) -> float:
+    """How long before a lease's confirmed expiry an unconfirmed lease is reported
+    lost: a twentieth of its ttl, at most 250 ms. The confirmed expiry is measured
+    from when the renewal was sent, so Redis's own expiry is later still; but the
+    renewal thread may wake a few milliseconds late and the two clocks may run at
+    slightly different rates, and without a margin another replica polling the name
+    could take it a moment before its holder is told."""
+    return min(ttl / 20, _GUARD_CAP)
 
 
 class RenewedLease(Protocol):
@@ -80,7 +92,9 @@ class _Schedule:
     __slots__ = ("deadline", "due")
 
     def __init__(self, ttl: float, start: float) -> None:
-        self.deadline = start + ttl  # the expiry Redis last confirmed (monotonic clock)
+        # When it must be reported lost unless confirmed again: the expiry Redis last
+        # confirmed (monotonic clock), less the guard.
+        self.deadline = start + ttl - guard(ttl)
         self.due = start + ttl / 3
 
 
@@ -261,8 +275,8 @@ class Renewer:
             if answer == 1 and acked >= self._config.wait_replicas:
                 with self._cond:
                     schedule = self._leases.get(lease)
-                    if schedule is not None and schedule.deadline < sent + ttl:
-                        schedule.deadline, schedule.due = sent + ttl, sent + ttl / 3
+                    if schedule is not None and schedule.deadline < sent + ttl - guard(ttl):
+                        schedule.deadline, schedule.due = sent + ttl - guard(ttl), sent + ttl / 3
                 lease._set_expiry(ttl)
             elif answer == 1 or answer is None:  # not replicated, or not answered
                 unconfirmed.append(lease)

@@ -237,6 +237,14 @@ def mutual_tls_redis(tmp_path: Path, test_ca: Path) -> Iterator[RedisServer]:
     yield from _serve(tmp_path, tls=test_ca, auth_clients=True)
 
 
+def _topology(made: Any, config: pytest.Config) -> Iterator[Any]:
+    try:
+        made.start(config)
+        yield made
+    finally:
+        made.remove()
+
+
 @pytest.fixture(scope="session")
 def redis_cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -245,12 +253,7 @@ def redis_cluster(
     that do not break it (see ``topology.Cluster``)."""
     from .topology import Cluster
 
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        cluster.start(request.config)
-        yield cluster
-    finally:
-        cluster.remove()
+    yield from _topology(Cluster(tmp_path_factory.mktemp("cluster")), request.config)
 
 
 @pytest.fixture(scope="session")
@@ -261,9 +264,4 @@ def redis_sentinels(
     break them (see ``topology.Sentinels``)."""
     from .topology import Sentinels
 
-    sentinels = Sentinels(tmp_path_factory.mktemp("sentinel"))
-    try:
-        sentinels.start(request.config)
-        yield sentinels
-    finally:
-        sentinels.remove()
+    yield from _topology(Sentinels(tmp_path_factory.mktemp("sentinel")), request.config)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import redis
@@ -32,11 +33,19 @@ SERVICE = "mymaster"
 _READY_WITHIN = 30.0  # seconds for a topology to form on a loaded machine
 
 
-def unavailable(config: pytest.Config, message: str) -> None:
+def unavailable(config: pytest.Config, message: str) -> NoReturn:
     """Skip the test for a missing tool -- or fail it when every backend is required (CI)."""
     if require_backends(config):
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+def _installed(config: pytest.Config, command: str, package: str) -> str:
+    """The path of ``command``; the test is skipped (or fails) without it."""
+    path = shutil.which(command)
+    if path is None:
+        unavailable(config, f"{command} is not installed (Debian's {package})")
+    return path
 
 
 def _ask(port: int, *command: str, host: str = "127.0.0.1") -> object:
@@ -71,10 +80,7 @@ class Cluster:
     def start(self, config: pytest.Config) -> None:
         """Start the six servers, make them one cluster, and wait until every node
         says it is ok and every primary has its replica."""
-        cli = shutil.which("redis-cli")
-        if cli is None:
-            unavailable(config, "redis-cli is not installed (Debian's redis-tools)")
-            return
+        cli = _installed(config, "redis-cli", "redis-tools")
         for node in self.nodes:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
@@ -223,10 +229,7 @@ class Sentinels:
     def start(self, config: pytest.Config) -> None:
         """Start the servers, then the Sentinels; wait until the replicas copy the
         primary and every Sentinel knows the replicas and the other Sentinels."""
-        executable = shutil.which("redis-sentinel")
-        if executable is None:
-            unavailable(config, "redis-sentinel is not installed (Debian's redis-sentinel)")
-            return
+        executable = _installed(config, "redis-sentinel", "redis-sentinel")
         for server in self.servers:
             server.start()
         poll("the replicas copy the primary", self._replicating, _READY_WITHIN)

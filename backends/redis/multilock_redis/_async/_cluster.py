@@ -25,7 +25,7 @@ from .._config import (
 )
 from .._scripts import Lua
 from .._wire import wait_time_ms
-from ._lua import AsyncLink, Request
+from ._lua import AsyncLink, Request, reloading
 
 __all__ = ["AsyncClusterLink", "new_link"]
 
@@ -115,16 +115,14 @@ class AsyncClusterLink:
         one its ``WAIT`` asked: then nothing vouches for it, and -1 is answered.
         """
         client = self._cluster()
-        answers, acked = await self._pipeline(script, requests, wait)
-        lacking = [isinstance(answer, NoScriptError) for answer in answers]
-        if not any(lacking):
-            return answers, acked
-        if not all(lacking):
-            return answers, -1
-        for keys, _ in requests:
-            node = client.get_node_from_key(keys[0])
-            await client.execute_command("SCRIPT", "LOAD", script.source, target_nodes=node)
-        return await self._pipeline(script, requests, wait)
+
+        async def load() -> None:
+            primaries = {client.get_node_from_key(keys[0]).name: keys[0] for keys, _ in requests}
+            for key in primaries.values():
+                node = client.get_node_from_key(key)
+                await client.execute_command("SCRIPT", "LOAD", script.source, target_nodes=node)
+
+        return await reloading(lambda: self._pipeline(script, requests, wait), load)
 
     async def _pipeline(
         self, script: Lua, requests: list[Request], wait: tuple[int, float] | None

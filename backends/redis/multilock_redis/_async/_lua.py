@@ -23,7 +23,7 @@ from .._errors import REDIS_ERRORS
 from .._scripts import Lua
 from .._wire import AsyncGate, AsyncSocket, pack, wait_time_ms
 
-__all__ = ["AsyncLink", "Request", "run"]
+__all__ = ["AsyncLink", "Request", "reloading", "run"]
 
 Execute = Callable[..., Any]  # execute_command, or a link's own
 Request = tuple[list[str], list[str | int]]  # a script call's keys and arguments
@@ -35,6 +35,22 @@ async def run(client: AsyncClient, script: Lua, keys: list[str], args: list[str 
     """Run ``script`` through ``client`` (a connection from its pool)."""
     # The bare execute_command, not evalsha(): its typed dispatch costs a microsecond.
     return await _evalsha(client.execute_command, script, keys, args)
+
+
+async def reloading(send: Callable[[], Any], load: Callable[[], Any]) -> tuple[list[Any], int]:
+    """The answers and acknowledgements of ``send()`` (a waited pipeline); if the
+    server lacked the script for every request, ``load()`` it and send again. Had
+    some requests run and others not, nothing can vouch for those that did: -1
+    acknowledged (the answers kept as they are)."""
+    answers, acked = await send()
+    lacking = [isinstance(answer, NoScriptError) for answer in answers]
+    if not any(lacking):
+        return answers, acked
+    if not all(lacking):
+        return answers, -1
+    await load()
+    result: tuple[list[Any], int] = await send()
+    return result
 
 
 async def _evalsha(execute: Execute, script: Lua, keys: list[str], args: list[str | int]) -> Any:
@@ -177,15 +193,11 @@ class AsyncLink:
         failover, say), it is loaded and everything sent again; had some requests run
         and others not, nothing can vouch for those that did: -1 acknowledged.
         """
-        answers, acked = await self._waited(script, requests, wait)
-        lacking = [isinstance(answer, NoScriptError) for answer in answers]
-        if not any(lacking):
-            return answers, acked
-        if not all(lacking):
-            return answers, -1
         client: Any = self._client
-        await client.execute_command("SCRIPT", "LOAD", script.source)
-        return await self._waited(script, requests, wait)
+        return await reloading(
+            lambda: self._waited(script, requests, wait),
+            lambda: client.execute_command("SCRIPT", "LOAD", script.source),
+        )
 
     async def _waited(
         self, script: Lua, requests: list[Request], wait: tuple[int, float]

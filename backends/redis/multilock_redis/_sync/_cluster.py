@@ -28,7 +28,7 @@ from .._config import (
 )
 from .._scripts import Lua
 from .._wire import wait_time_ms
-from ._lua import Request, SyncLink
+from ._lua import Request, SyncLink, reloading
 
 __all__ = ["SyncClusterLink", "new_link"]
 
@@ -118,16 +118,14 @@ class SyncClusterLink:
         one its ``WAIT`` asked: then nothing vouches for it, and -1 is answered.
         """
         client = self._cluster()
-        answers, acked = self._pipeline(script, requests, wait)
-        lacking = [isinstance(answer, NoScriptError) for answer in answers]
-        if not any(lacking):
-            return answers, acked
-        if not all(lacking):
-            return answers, -1
-        for keys, _ in requests:
-            node = client.get_node_from_key(keys[0])
-            client.execute_command("SCRIPT", "LOAD", script.source, target_nodes=node)
-        return self._pipeline(script, requests, wait)
+
+        def load() -> None:
+            primaries = {client.get_node_from_key(keys[0]).name: keys[0] for keys, _ in requests}
+            for key in primaries.values():
+                node = client.get_node_from_key(key)
+                client.execute_command("SCRIPT", "LOAD", script.source, target_nodes=node)
+
+        return reloading(lambda: self._pipeline(script, requests, wait), load)
 
     def _pipeline(
         self, script: Lua, requests: list[Request], wait: tuple[int, float] | None

@@ -26,7 +26,7 @@ from .._errors import REDIS_ERRORS
 from .._scripts import Lua
 from .._wire import SyncGate, SyncSocket, pack, wait_time_ms
 
-__all__ = ["Request", "SyncLink", "run"]
+__all__ = ["Request", "SyncLink", "reloading", "run"]
 
 Execute = Callable[..., Any]  # execute_command, or a link's own
 Request = tuple[list[str], list[str | int]]  # a script call's keys and arguments
@@ -38,6 +38,22 @@ def run(client: SyncClient, script: Lua, keys: list[str], args: list[str | int])
     """Run ``script`` through ``client`` (a connection from its pool)."""
     # The bare execute_command, not evalsha(): its typed dispatch costs a microsecond.
     return _evalsha(client.execute_command, script, keys, args)
+
+
+def reloading(send: Callable[[], Any], load: Callable[[], Any]) -> tuple[list[Any], int]:
+    """The answers and acknowledgements of ``send()`` (a waited pipeline); if the
+    server lacked the script for every request, ``load()`` it and send again. Had
+    some requests run and others not, nothing can vouch for those that did: -1
+    acknowledged (the answers kept as they are)."""
+    answers, acked = send()
+    lacking = [isinstance(answer, NoScriptError) for answer in answers]
+    if not any(lacking):
+        return answers, acked
+    if not all(lacking):
+        return answers, -1
+    load()
+    result: tuple[list[Any], int] = send()
+    return result
 
 
 def _evalsha(execute: Execute, script: Lua, keys: list[str], args: list[str | int]) -> Any:
@@ -180,15 +196,11 @@ class SyncLink:
         failover, say), it is loaded and everything sent again; had some requests run
         and others not, nothing can vouch for those that did: -1 acknowledged.
         """
-        answers, acked = self._waited(script, requests, wait)
-        lacking = [isinstance(answer, NoScriptError) for answer in answers]
-        if not any(lacking):
-            return answers, acked
-        if not all(lacking):
-            return answers, -1
         client: Any = self._client
-        client.execute_command("SCRIPT", "LOAD", script.source)
-        return self._waited(script, requests, wait)
+        return reloading(
+            lambda: self._waited(script, requests, wait),
+            lambda: client.execute_command("SCRIPT", "LOAD", script.source),
+        )
 
     def _waited(
         self, script: Lua, requests: list[Request], wait: tuple[int, float]

@@ -101,6 +101,17 @@ class AsyncSocket:
         """The bound of one call: a ``TimeoutError`` when it passes."""
         return asyncio.timeout(self.timeout)
 
+    async def readable(self) -> bool:
+        """Whether the connection has something to read: before a call, that the
+        server closed it (or sent what nobody asked for). redis-py 8 names the check
+        ``can_read()``; before 8 the asyncio connection had only
+        ``can_read_destructive()`` (deprecated in 8), which answers the end of the
+        stream with ``b""``, falsy: only its ``False`` means nothing to read."""
+        if hasattr(self.connection, "can_read"):
+            readable: bool = await self.connection.can_read()
+            return readable
+        return await self.connection.can_read_destructive() is not False
+
     async def open(self) -> None:
         """Connect if not connected, through ``connect()``: a Sentinel-managed
         connection asks the Sentinels where the primary is there, which a send on
@@ -124,6 +135,11 @@ class SyncSocket:
     def deadline(self) -> nullcontext[None]:
         """Nothing to add: every socket operation has its timeout."""
         return nullcontext()
+
+    def readable(self) -> bool:
+        """:meth:`AsyncSocket.readable` (every redis-py names it ``can_read()``)."""
+        readable: bool = self.connection.can_read()
+        return readable
 
     def open(self) -> None:
         """:meth:`AsyncSocket.open`."""

@@ -243,14 +243,14 @@ def test_a_connection_closed_while_idle_is_replaced_without_an_error_async(
         async with multilock.connect_async(_url(throwaway_redis)) as locker:
             assert isinstance(locker, AsyncRedisLocker)
             assert isinstance(locker._link, async_lua.AsyncLink)
-            connection = locker._link._socket.connection
+            socket = locker._link._socket
             warm_up = await locker.try_acquire("before")
             assert warm_up is not None
             assert await warm_up.release()
             for round_ in range(3):
                 admin.client_kill_filter(_type="normal", skipme=True)
                 # An idle loop would have read the end long ago; this one was blocked.
-                await apoll("the end of the stream", connection.can_read, within=PROMPT)
+                await apoll("the end of the stream", socket.readable, within=PROMPT)
                 lease = await locker.try_acquire(f"after-kill-{round_}")
                 assert lease is not None
                 assert await lease.release()

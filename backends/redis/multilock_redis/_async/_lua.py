@@ -139,7 +139,7 @@ class AsyncLink:
         try:
             async with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
-                    await _drop_if_closed(connection)
+                    await _drop_if_closed(self._socket)
                 await self._socket.open()
                 for keys, args in requests:
                     command = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
@@ -170,7 +170,7 @@ class AsyncLink:
         try:
             async with self._socket.deadline():
                 if answered is not None and time.monotonic() - answered > IDLE:
-                    await _drop_if_closed(connection)
+                    await _drop_if_closed(self._socket)
                 await self._socket.open()
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 await connection.send_packed_command([pack(args)])
@@ -223,11 +223,12 @@ class AsyncLink:
                 await sentinel.aclose()
 
 
-async def _drop_if_closed(connection: Any) -> None:
-    """Disconnect ``connection`` if the server has closed it (or sent what nobody asked for)."""
+async def _drop_if_closed(socket: AsyncSocket) -> None:
+    """Disconnect the socket's connection if the server has closed it (or sent what
+    nobody asked for)."""
     try:
-        closed = await connection.can_read()
+        closed = await socket.readable()
     except REDIS_ERRORS:  # the sync can_read() raises on the server's end of the stream
         closed = True
     if closed:
-        await connection.disconnect()
+        await socket.connection.disconnect()

@@ -142,7 +142,7 @@ class SyncLink:
         try:
             with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
-                    _drop_if_closed(connection)
+                    _drop_if_closed(self._socket)
                 self._socket.open()
                 for keys, args in requests:
                     command = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
@@ -173,7 +173,7 @@ class SyncLink:
         try:
             with self._socket.deadline():
                 if answered is not None and time.monotonic() - answered > IDLE:
-                    _drop_if_closed(connection)
+                    _drop_if_closed(self._socket)
                 self._socket.open()
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 connection.send_packed_command([pack(args)])
@@ -226,11 +226,12 @@ class SyncLink:
                 sentinel.close()
 
 
-def _drop_if_closed(connection: Any) -> None:
-    """Disconnect ``connection`` if the server has closed it (or sent what nobody asked for)."""
+def _drop_if_closed(socket: SyncSocket) -> None:
+    """Disconnect the socket's connection if the server has closed it (or sent what
+    nobody asked for)."""
     try:
-        closed = connection.can_read()
+        closed = socket.readable()
     except REDIS_ERRORS:  # the sync can_read() raises on the server's end of the stream
         closed = True
     if closed:
-        connection.disconnect()
+        socket.connection.disconnect()

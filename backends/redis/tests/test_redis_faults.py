@@ -19,7 +19,7 @@ import redis
 import multilock
 from multilock.errors import BackendUnavailable
 from multilock.testing import apoll, poll
-from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker
+from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker, lock_key
 from multilock_redis._async import _lua as async_lua
 from multilock_redis._common import CHUNK
 from multilock_redis._sync import _lua as sync_lua
@@ -344,3 +344,12 @@ def test_a_release_redis_did_not_hear_is_made_once_it_is_back(tmp_path: Path, ma
             taken.release()
     finally:
         server.remove()
+
+
+def test_wait_replicas_without_a_replica_refuses_every_grant(throwaway_redis: Any) -> None:
+    url = f"{throwaway_redis.url}?wait_replicas=1&wait_timeout=100ms"
+    with multilock.connect(url) as locker:
+        with pytest.raises(BackendUnavailable, match=r"only 0 of the 1 replica\(s\)"):
+            locker.try_acquire("lonely")
+        with throwaway_redis.admin() as admin:
+            assert not admin.exists(lock_key("lonely"))  # undone

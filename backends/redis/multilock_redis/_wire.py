@@ -112,12 +112,13 @@ class AsyncSocket:
             return readable
         return await self.connection.can_read_destructive() is not False
 
-    async def open(self) -> None:
-        """Connect if not connected, through ``connect()``: a Sentinel-managed
-        connection asks the Sentinels where the primary is there, which a send on
-        a closed connection skips (it would dial redis-py's default, localhost:6379)."""
-        if not self.connection.is_connected:
-            await self.connection.connect()
+    def closed(self) -> bool:
+        """Whether the connection must be opened before a call, through
+        ``connect()``: a Sentinel-managed connection asks the Sentinels where the
+        primary is there, which a send on a closed connection skips (it would dial
+        redis-py's default, localhost:6379). Not a coroutine: it is asked on every
+        call."""
+        return not self.connection.is_connected
 
 
 class SyncSocket:
@@ -141,7 +142,6 @@ class SyncSocket:
         readable: bool = self.connection.can_read()
         return readable
 
-    def open(self) -> None:
-        """:meth:`AsyncSocket.open`."""
-        if self.connection._sock is None:  # is_connected is not in every redis-py 5
-            self.connection.connect()
+    def closed(self) -> bool:
+        """:meth:`AsyncSocket.closed`."""
+        return self.connection._sock is None  # is_connected is not in every redis-py 5

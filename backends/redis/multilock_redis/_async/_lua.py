@@ -140,7 +140,8 @@ class AsyncLink:
             async with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
                     await _drop_if_closed(self._socket)
-                await self._socket.open()
+                if self._socket.closed():
+                    await connection.connect()
                 for keys, args in requests:
                     command = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
                     await connection.send_packed_command([command])
@@ -171,7 +172,8 @@ class AsyncLink:
             async with self._socket.deadline():
                 if answered is not None and time.monotonic() - answered > IDLE:
                     await _drop_if_closed(self._socket)
-                await self._socket.open()
+                if self._socket.closed():
+                    await connection.connect()
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 await connection.send_packed_command([pack(args)])
                 reply = await connection.read_response()

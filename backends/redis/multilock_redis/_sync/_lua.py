@@ -143,7 +143,8 @@ class SyncLink:
             with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
                     _drop_if_closed(self._socket)
-                self._socket.open()
+                if self._socket.closed():
+                    connection.connect()
                 for keys, args in requests:
                     command = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
                     connection.send_packed_command([command])
@@ -174,7 +175,8 @@ class SyncLink:
             with self._socket.deadline():
                 if answered is not None and time.monotonic() - answered > IDLE:
                     _drop_if_closed(self._socket)
-                self._socket.open()
+                if self._socket.closed():
+                    connection.connect()
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 connection.send_packed_command([pack(args)])
                 reply = connection.read_response()

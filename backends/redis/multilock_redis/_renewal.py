@@ -185,9 +185,8 @@ class Renewer:
                     return
                 batch, releases, budget = due
                 if link is None or not timeout <= budget <= 4 * timeout:
-                    # Never wait on a socket past a lease's confirmed expiry: it must
-                    # be reported lost by then, whatever the server does. (A new
-                    # client is a new connection: not for every small change.)
+                    # Never wait on a socket past the budget (see _next_batch). (A
+                    # new client is a new connection: not for every small change.)
                     if link is not None:
                         link.close()
                     link, timeout = new_link(self._config, budget), budget
@@ -225,9 +224,12 @@ class Renewer:
                 ttls = [held._ttl / 3 for held in self._leases]
                 budget = min([self._config.socket_timeout, *ttls])
                 for lease, schedule in self._leases.items():
+                    # No call waits on a socket past any lease's deadline, be it of
+                    # this batch or not (a retried release): each must be reported
+                    # lost by then, whatever the server does.
+                    budget = min(budget, schedule.deadline - now)
                     if schedule.due <= now + lease._ttl / 6:
                         batch.append(lease)
-                        budget = min(budget, schedule.deadline - now)
                 releases = []
                 for release, pending in list(self._releases.items()):
                     if pending.deadline <= now:

@@ -389,12 +389,6 @@ def test_a_bad_rules_file_is_one_line(tmp_path: Path, rules: str, message: str) 
     assert lines[0].startswith(f"scripts/async_to_sync.py: {message}")
 
 
-def test_the_old_name_runs_the_new_script(tree: Path) -> None:
-    done = generate(tree, script=ROOT / "scripts" / "unasync.py")
-    assert done.returncode == 0, done.stderr
-    assert (tree / "pkg/_sync/things.py").read_text() == SYNC_MODULE
-
-
 def test_the_repository_generated_code_is_current() -> None:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--check"],

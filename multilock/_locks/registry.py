@@ -22,6 +22,8 @@ _EXTRAS = {
     "redis": "redis",
     "rediss": "redis",
     "redis+unix": "redis",
+    "redis+cluster": "redis",
+    "redis+sentinel": "redis",
     "unix": "redis",
     "zookeeper": "zookeeper",
     "zk": "zookeeper",

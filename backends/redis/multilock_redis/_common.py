@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from multilock.abc import LockInfo
 from multilock.backend import Capability, LockURL, new_token
-from multilock.errors import ConfigurationError, LockLost, NotOwner
+from multilock.errors import BackendUnavailable, ConfigurationError, LockLost, NotOwner
 
-from ._config import MIN_TTL, RedisConfig, parse_config, sync_client
+from ._config import CLUSTER, MIN_TTL, RedisConfig, admin_client, close_admin, parse_config
 from ._errors import REDIS_ERRORS, translate
-from ._keys import fence_key, lock_key, name_of, scan_pattern
-from ._renewal import RenewedLease, Renewer, ttl_ms
+from ._keys import calls, fence_key, lock_key, name_of, scan_pattern
+from ._renewal import RenewedLease, Renewer, ttl_ms, unreplicated
 from ._scripts import HELD_ELSEWHERE
 
 __all__ = ["CHUNK", "RedisHooks", "RedisLockerCommon"]
@@ -47,6 +47,9 @@ class RedisLockerCommon:
 
     def _setup(self, url: LockURL) -> float:
         self._config: RedisConfig = parse_config(url)
+        self._per_slot = self._config.topology == CLUSTER
+        config = self._config
+        self._wait = (config.wait_replicas, config.wait_timeout) if config.wait_replicas else None
         self._held: set[Any] = set()
         self._renewer = Renewer(self._config, self._lost)
         return self._config.ttl
@@ -61,25 +64,56 @@ class RedisLockerCommon:
     ) -> tuple[list[str], list[str | int], list[str]]:
         """Keys and arguments of the ACQUIRE script for ``names``, and their tokens."""
         keys = self._keys(names)
-        tokens = _tokens(new_token(), 0, len(names))
+        tokens = _tokens(new_token(), range(len(names)))
         return keys, [self._ttl_ms(ttl), *tokens], tokens
 
     def _acquire_requests(
-        self, names: list[str], ttl: float, made: list[tuple[list[str], list[str]]]
+        self, names: list[str], ttl: float, made: list[tuple[list[str], list[str], list[str]]]
     ) -> Iterator[tuple[list[str], list[str | int]]]:
-        """ACQUIRE_MANY requests for ``names``, :data:`CHUNK` names each, made as they
-        are sent (see ``run_pipelined``); each one's keys and tokens go to ``made``."""
+        """ACQUIRE_MANY requests for ``names``, :data:`CHUNK` names each (on a
+        cluster, of one slot each), made as they are sent (see ``run_pipelined``);
+        each one's names, keys and tokens go to ``made``."""
         ttl_ms = self._ttl_ms(ttl)  # checked now, before anything is sent
         batch = new_token()
+        prefix = self._config.prefix
+        slotted = [lock_key(name, prefix) for name in names] if self._per_slot else names
 
         def requests() -> Iterator[tuple[list[str], list[str | int]]]:
-            for start in range(0, len(names), CHUNK):
-                chunk = names[start : start + CHUNK]
-                keys, tokens = self._keys(chunk), _tokens(batch, start, len(chunk))
-                made.append((keys, tokens))
+            for positions in calls(slotted, CHUNK, self._per_slot):
+                chunk = [names[i] for i in positions]
+                keys, tokens = self._keys(chunk), _tokens(batch, positions)
+                made.append((chunk, keys, tokens))
                 yield keys, [ttl_ms, *tokens]
 
         return requests()
+
+    def _release_requests(
+        self, keys: list[str], tokens: list[str]
+    ) -> list[tuple[list[str], list[str | int]]]:
+        """RELEASE_MANY requests freeing ``keys`` held under ``tokens``: one, or on a
+        cluster one per slot."""
+        return [
+            ([keys[i] for i in positions], [tokens[i] for i in positions])
+            for positions in calls(keys, max(1, len(keys)), self._per_slot)
+        ]
+
+    @staticmethod
+    def _answer(answer: Any) -> Any:
+        """One answer of a pipeline: itself, or raised if it is an error."""
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def _unreplicated(self, doing: str, acked: int) -> BackendUnavailable:
+        """The error of a write that fewer replicas than ``wait_replicas`` acknowledged."""
+        return BackendUnavailable(
+            f"redis at {self._url.masked} failed while {doing}: {unreplicated(self._config, acked)}"
+            + (
+                "; released, as a failover could have lost it"
+                if doing == "acquiring"
+                else "; the lease keeps the expiry last replicated"
+            )
+        )
 
     def _keys(self, names: list[str]) -> list[str]:
         """The lock and fence key of each of ``names``, in turn."""
@@ -148,10 +182,12 @@ class RedisLockerCommon:
         )
 
     def locks(self) -> list[LockInfo]:
-        """Every lock held under this locker's prefix and db, by any holder (SCAN)."""
+        """Every lock held under this locker's prefix and db, by any holder (SCAN; on a
+        cluster, of every primary)."""
         prefix = self._config.prefix
-        client = sync_client(self._config)
+        client = None
         try:
+            client = admin_client(self._config)
             keys = [
                 key.decode("utf-8", "surrogateescape")
                 for key in client.scan_iter(match=scan_pattern(prefix), count=500)
@@ -165,7 +201,8 @@ class RedisLockerCommon:
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "listing locks") from None
         finally:
-            client.close()
+            if client is not None:
+                close_admin(client)
         now = datetime.now(UTC)
         found = []
         for i, key in enumerate(keys):
@@ -184,11 +221,11 @@ class RedisLockerCommon:
         return found
 
 
-def _tokens(batch: str, start: int, count: int) -> list[str]:
-    """Owner tokens of the names at ``start`` and after in a request: one new_token()
-    per request, made unique per lease by its position, as PostgreSQL's batches do
-    (a new_token() per name costs as much again)."""
-    return [f"{batch}.{i:x}" for i in range(start, start + count)]
+def _tokens(batch: str, positions: Iterable[int]) -> list[str]:
+    """Owner tokens of the names at ``positions`` in a request: one new_token() per
+    request, made unique per lease by its position, as PostgreSQL's batches do (a
+    new_token() per name costs as much again)."""
+    return [f"{batch}.{i:x}" for i in positions]
 
 
 class RedisHooks:
@@ -200,15 +237,20 @@ class RedisHooks:
 
     def break_lease(self, url: LockURL, locker: object, lease: object) -> None:
         """Delete the lease's key from another connection; its renewal then fires ``lost``."""
-        client = sync_client(parse_config(url))
+        client = admin_client(parse_config(url))
         try:
             client.delete(lease.key)  # type: ignore[attr-defined]
         finally:
-            client.close()
+            close_admin(client)
 
     def unreachable_url(self, url: LockURL) -> str | None:
-        """A redis:// URL on a local port nobody listens on (refused at once)."""
+        """A URL of the same topology naming a local port nobody listens on (refused
+        at once)."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
+        if url.scheme == "redis+cluster":
+            return f"redis+cluster://127.0.0.1:{port}/"
+        if url.scheme == "redis+sentinel":
+            return f"redis+sentinel://127.0.0.1:{port}/mymaster"
         return f"redis://127.0.0.1:{port}/0"

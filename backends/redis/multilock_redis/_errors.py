@@ -11,8 +11,10 @@ from multilock.errors import BackendUnavailable, InvalidURL, MultilockError
 
 __all__ = ["REDIS_ERRORS", "translate"]
 
-REDIS_ERRORS = (rex.RedisError, OSError)
-"""What a Redis call may raise; ``except REDIS_ERRORS as exc: raise translate(...)``."""
+REDIS_ERRORS = (rex.RedisError, OSError, rex.RedisClusterException)
+"""What a Redis call may raise; ``except REDIS_ERRORS as exc: raise translate(...)``.
+(redis-py's cluster errors that are not answers of a server -- no node reachable, a
+slot no primary serves -- are not ``RedisError``s.)"""
 
 # Refusals that mean "ask again later or elsewhere", not "you asked wrongly".
 _TRANSIENT = (rex.ReadOnlyError, rex.ClusterDownError, rex.TryAgainError, rex.OutOfMemoryError)
@@ -37,6 +39,8 @@ def translate(exc: BaseException, url: LockURL, doing: str) -> MultilockError:
         return InvalidURL(f"invalid Redis URL {url.masked!r}: the server has no db {db}")
     if isinstance(exc, rex.ResponseError) and not isinstance(exc, _TRANSIENT):
         return MultilockError(message)
+    # The rest, a RedisClusterException included (no node reachable, a slot no primary
+    # serves, a node not in cluster mode): the cluster could not be asked.
     return BackendUnavailable(message)
 
 

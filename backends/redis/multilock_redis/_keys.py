@@ -10,7 +10,9 @@ non-empty tag of its own and no two names share a key.
 
 from __future__ import annotations
 
-__all__ = ["fence_key", "lock_key", "name_of", "scan_pattern"]
+from redis.crc import key_slot
+
+__all__ = ["calls", "fence_key", "lock_key", "name_of", "scan_pattern"]
 
 _ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
 _UNESCAPES = {code: char for char, code in _ESCAPES.items()}
@@ -58,3 +60,21 @@ def scan_pattern(prefix: str) -> str:
     """A ``SCAN MATCH`` pattern for the lock keys (not the fence keys) under ``prefix``."""
     escaped = "".join("\\" + char if char in _GLOB_SPECIAL else char for char in prefix)
     return escaped + "{*}"
+
+
+def calls(keys: list[str], size: int, per_slot: bool) -> list[list[int]]:
+    """The positions in ``keys`` (one lock key per name) grouped into script calls of
+    at most ``size``; with ``per_slot`` (a Redis Cluster, which runs a script only on
+    keys of one slot), only names of one hash slot share a call."""
+    if not per_slot:
+        return [
+            list(range(start, min(start + size, len(keys)))) for start in range(0, len(keys), size)
+        ]
+    slots: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        slots.setdefault(key_slot(key.encode()), []).append(i)
+    return [
+        group[start : start + size]
+        for group in slots.values()
+        for start in range(0, len(group), size)
+    ]

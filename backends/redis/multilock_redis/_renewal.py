@@ -8,7 +8,8 @@ wake-up are renewed by one script call, whatever their number.
 A lease is renewed every third of its ttl (a little earlier, to batch it with
 others). When Redis says the key is gone or taken, ``lost`` fires at once; when
 Redis cannot be asked, the renewal is retried until the lease's last confirmed
-expiry, and ``lost`` fires when that passes unconfirmed.
+expiry, and ``lost`` fires when that passes unconfirmed -- a little before it (see
+:func:`guard`), so that the holder is told before Redis can give the name away.
 """
 
 from __future__ import annotations
@@ -22,16 +23,29 @@ from typing import Protocol
 
 from multilock.backend import LostSignal
 
-from ._config import RedisConfig, sync_client
+from ._config import CLUSTER, RedisConfig
 from ._errors import REDIS_ERRORS, translate
-from ._scripts import EXTEND, HELD_ELSEWHERE
+from ._keys import calls
+from ._scripts import EXTEND, HELD_ELSEWHERE, RELEASE_MANY
+from ._sync._cluster import SyncClusterLink, new_link
 from ._sync._lua import SyncLink
 
-__all__ = ["Renewer", "ttl_ms"]
+__all__ = ["Renewer", "ttl_ms", "unreplicated"]
 
 _log = logging.getLogger("multilock.redis")
 _RETRY_CAP = 1.0  # the longest pause between two attempts while Redis is unreachable
 _MIN_TIMEOUT = 0.005
+_GUARD_CAP = 0.25
+
+
+def guard(ttl: float) -> float:
+    """How long before a lease's confirmed expiry an unconfirmed lease is reported
+    lost: a twentieth of its ttl, at most 250 ms. The confirmed expiry is measured
+    from when the renewal was sent, so Redis's own expiry is later still; but the
+    renewal thread may wake a few milliseconds late and the two clocks may run at
+    slightly different rates, and without a margin another replica polling the name
+    could take it a moment before its holder is told."""
+    return min(ttl / 20, _GUARD_CAP)
 
 
 class RenewedLease(Protocol):
@@ -46,16 +60,41 @@ class RenewedLease(Protocol):
     def _set_expiry(self, ttl: float | None) -> None: ...
 
 
+def unreplicated(config: RedisConfig, acked: int) -> str:
+    """Why a write counts as failed under ``wait_replicas``: ``acked`` replicas (or -1:
+    not known) acknowledged it."""
+    wanted = f"{config.wait_replicas} replica(s) asked for (wait_replicas)"
+    if acked < 0:
+        return (
+            f"the write could not be checked against the {wanted}:"
+            " a slot moved or the script was reloaded midway"
+        )
+    return f"only {acked} of the {wanted} acknowledged the write within {config.wait_timeout:g}s"
+
+
 def ttl_ms(seconds: float) -> int:
     """A ttl as Redis takes it: whole milliseconds, at least one."""
     return max(1, round(seconds * 1000))
+
+
+class _Pending:
+    """A release that could not reach Redis, tried again until its key has expired."""
+
+    __slots__ = ("deadline", "due", "retry")
+
+    def __init__(self, deadline: float, retry: float) -> None:
+        self.deadline = deadline  # the key's expiry at the latest (monotonic clock)
+        self.retry = retry
+        self.due = time.monotonic() + retry
 
 
 class _Schedule:
     __slots__ = ("deadline", "due")
 
     def __init__(self, ttl: float, start: float) -> None:
-        self.deadline = start + ttl  # the expiry Redis last confirmed (monotonic clock)
+        # When it must be reported lost unless confirmed again: the expiry Redis last
+        # confirmed (monotonic clock), less the guard.
+        self.deadline = start + ttl - guard(ttl)
         self.due = start + ttl / 3
 
 
@@ -74,6 +113,7 @@ class Renewer:
         self._idle = config.ttl / 3
         self._cond = threading.Condition(threading.Lock())
         self._leases: dict[RenewedLease, _Schedule] = {}
+        self._releases: dict[tuple[str, str], _Pending] = {}  # (key, token) to free
         self._wake_at = math.inf
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -83,14 +123,39 @@ class Renewer:
         with self._cond:
             for lease in leases:
                 schedule = self._leases[lease] = _Schedule(lease._ttl, start)
-                if schedule.due < self._wake_at:
-                    self._wake_at = schedule.due
-                    self._cond.notify()
-            if self._thread is None and not self._stopping:
-                self._thread = threading.Thread(
-                    target=self._run, name="multilock-redis-renewal", daemon=True
-                )
-                self._thread.start()
+                self._wake(schedule.due)
+            self._start()
+
+    def release_later(self, locks: Iterable[tuple[str, str, float]]) -> None:
+        """Try again and again to free ``locks`` (key, token, ttl), whose release could
+        not reach Redis (down, or failing over), until they would have expired anyway.
+
+        A compare-and-delete, so harmless to whoever holds a name by then: it frees
+        the name as soon as Redis answers, instead of at the key's expiry.
+        """
+        now = time.monotonic()
+        with self._cond:
+            if self._stopping:
+                return
+            for key, token, ttl in locks:
+                pending = _Pending(now + ttl, min(ttl / 10, _RETRY_CAP))
+                self._releases[(key, token)] = pending
+                self._wake(pending.due)
+            self._start()
+
+    def _wake(self, due: float) -> None:
+        """Have the thread wake up by monotonic time ``due`` (holding the condition)."""
+        if due < self._wake_at:
+            self._wake_at = due
+            self._cond.notify()
+
+    def _start(self) -> None:
+        """Start the thread if it has not been (holding the condition)."""
+        if self._thread is None and not self._stopping:
+            self._thread = threading.Thread(
+                target=self._run, name="multilock-redis-renewal", daemon=True
+            )
+            self._thread.start()
 
     def extended(self, lease: RenewedLease, start: float) -> None:
         """``lease`` was extended to its ``_ttl`` at monotonic time ``start``."""
@@ -106,10 +171,11 @@ class Renewer:
         with self._cond:
             self._stopping = True
             self._leases.clear()
+            self._releases.clear()
             self._cond.notify()
 
     def _run(self) -> None:
-        link: SyncLink | None = None
+        link: SyncLink | SyncClusterLink | None = None
         timeout = math.inf
         try:
             while True:
@@ -117,16 +183,18 @@ class Renewer:
                     due = self._next_batch()
                 if due is None:
                     return
-                batch, budget = due
+                batch, releases, budget = due
                 if link is None or not timeout <= budget <= 4 * timeout:
-                    # Never wait on a socket past a lease's confirmed expiry: it must
-                    # be reported lost by then, whatever the server does. (A new
-                    # client is a new connection: not for every small change.)
+                    # Never wait on a socket past the budget (see _next_batch). (A
+                    # new client is a new connection: not for every small change.)
                     if link is not None:
                         link.close()
-                    link, timeout = SyncLink(sync_client(self._config, budget)), budget
+                    link, timeout = new_link(self._config, budget), budget
                 try:
-                    self._renew(link, batch)
+                    if batch:
+                        self._renew(link, batch)
+                    if releases:
+                        self._release(link, releases)
                 except Exception:  # a bug must not stop renewal silently: report, retry
                     _log.exception("renewing %d lease(s) failed", len(batch))
                     self._failed(batch, "the renewal thread hit an unexpected error")
@@ -134,51 +202,125 @@ class Renewer:
             if link is not None:
                 link.close()
 
-    def _next_batch(self) -> tuple[list[RenewedLease], float] | None:
-        """Wait (holding the condition) until some lease is due; ``None`` to stop.
+    def _next_batch(
+        self,
+    ) -> tuple[list[RenewedLease], list[tuple[str, str]], float] | None:
+        """Wait (holding the condition) until some lease or release is due; ``None``
+        to stop.
 
-        Returns the leases to renew now and how long a renewal may take.
+        Returns the leases to renew now, the releases to try again, and how long a
+        call may take.
         """
         while not self._stopping:
             now = time.monotonic()
-            wake = min((s.due for s in self._leases.values()), default=now + self._idle)
+            dues = [s.due for s in self._leases.values()]
+            dues += [pending.due for pending in self._releases.values()]
+            wake = min(dues, default=now + self._idle)
             if wake <= now:
                 self._wake_at = -math.inf  # adds during the round need no wake-up
                 batch = []
                 # The shortest ttl of all leases, not of this batch: a budget that
                 # stays put keeps the connection.
-                budget = min(self._config.socket_timeout, *(held._ttl / 3 for held in self._leases))
+                ttls = [held._ttl / 3 for held in self._leases]
+                budget = min([self._config.socket_timeout, *ttls])
                 for lease, schedule in self._leases.items():
+                    # No call waits on a socket past any lease's deadline, be it of
+                    # this batch or not (a retried release): each must be reported
+                    # lost by then, whatever the server does.
+                    budget = min(budget, schedule.deadline - now)
                     if schedule.due <= now + lease._ttl / 6:
                         batch.append(lease)
-                        budget = min(budget, schedule.deadline - now)
-                return batch, max(_MIN_TIMEOUT, budget)
+                releases = []
+                for release, pending in list(self._releases.items()):
+                    if pending.deadline <= now:
+                        del self._releases[release]  # expired: nothing left to free
+                    elif pending.due <= now:
+                        releases.append(release)
+                        pending.due = now + pending.retry
+                return batch, releases, max(_MIN_TIMEOUT, budget)
             self._wake_at = wake
             self._cond.wait(wake - now)
         return None
 
-    def _renew(self, link: SyncLink, batch: list[RenewedLease]) -> None:
+    def _release(self, link: SyncLink | SyncClusterLink, releases: list[tuple[str, str]]) -> None:
+        """Try the releases again; those that reach Redis are done."""
+        keys, tokens = [key for key, _ in releases], [token for _, token in releases]
+        for positions in calls(keys, len(keys), self._config.topology == CLUSTER):
+            try:
+                link.run(RELEASE_MANY, [keys[i] for i in positions], [tokens[i] for i in positions])
+            except REDIS_ERRORS:
+                continue  # still unreachable: the next try is due in a while
+            with self._cond:
+                for i in positions:
+                    self._releases.pop(releases[i], None)
+
+    def _renew(self, link: SyncLink | SyncClusterLink, batch: list[RenewedLease]) -> None:
         ttls = [lease._ttl for lease in batch]
-        args: list[str | int] = []
-        for lease, ttl in zip(batch, ttls, strict=True):
-            args += (lease.token, ttl_ms(ttl))
+        keys = [lease.key for lease in batch]
+        requests: list[tuple[list[str], list[str | int]]] = []
+        for positions in calls(keys, len(batch), self._config.topology == CLUSTER):
+            args: list[str | int] = []
+            for i in positions:
+                args += (batch[i].token, ttl_ms(ttls[i]))
+            requests.append(([keys[i] for i in positions], args))
         sent = time.monotonic()
-        try:
-            answers = link.run(EXTEND, [lease.key for lease in batch], args)
-        except REDIS_ERRORS as exc:
-            self._failed(batch, str(translate(exc, self._config.url, "renewing leases")))
-            return
-        for lease, ttl, answer in zip(batch, ttls, answers, strict=True):
-            if answer == 1:
+        answers, acked, error = self._extend(link, requests)
+        why = "renewing leases failed"
+        if error is not None:
+            why = str(translate(error, self._config.url, "renewing leases"))
+        elif acked < self._config.wait_replicas:
+            # Extended on the primary only: a failover could bring back the expiry before.
+            why = f"renewing leases: {unreplicated(self._config, acked)}"
+        unconfirmed = []
+        for i, (lease, ttl) in enumerate(zip(batch, ttls, strict=True)):
+            answer = answers.get(i)
+            if answer == 1 and acked >= self._config.wait_replicas:
                 with self._cond:
                     schedule = self._leases.get(lease)
-                    if schedule is not None and schedule.deadline < sent + ttl:
-                        schedule.deadline, schedule.due = sent + ttl, sent + ttl / 3
+                    if schedule is not None and schedule.deadline < sent + ttl - guard(ttl):
+                        schedule.deadline, schedule.due = sent + ttl - guard(ttl), sent + ttl / 3
                 lease._set_expiry(ttl)
+            elif answer == 1 or answer is None:  # not replicated, or not answered
+                unconfirmed.append(lease)
             elif answer == HELD_ELSEWHERE:
                 self._lose(lease, f"lock {lease.key!r} was taken by another holder")
             else:
                 self._lose(lease, f"lock {lease.key!r} expired or was deleted on the server")
+        if unconfirmed:
+            self._failed(unconfirmed, why)
+
+    def _extend(
+        self, link: SyncLink | SyncClusterLink, requests: list[tuple[list[str], list[str | int]]]
+    ) -> tuple[dict[int, int], int, BaseException | None]:
+        """Run EXTEND for ``requests``: each lease's answer by its position in the batch
+        (none where a request failed: on a cluster, the others' primaries may have
+        answered), how many replicas acknowledged (``wait_replicas`` when not asked),
+        and the first error."""
+        answers: dict[int, int] = {}
+        starts = [0]
+        for keys, _ in requests:
+            starts.append(starts[-1] + len(keys))
+
+        def answered(i: int, reply: list[int]) -> None:
+            for j, answer in enumerate(reply):
+                answers[starts[i] + j] = answer
+
+        wanted, timeout = self._config.wait_replicas, self._config.wait_timeout
+        try:
+            if wanted:
+                replies, acked = link.run_waited(EXTEND, requests, (wanted, timeout))
+                for i, reply in enumerate(replies):
+                    if not isinstance(reply, BaseException):
+                        answered(i, reply)
+                error = next((r for r in replies if isinstance(r, BaseException)), None)
+                return answers, acked, error
+            if len(requests) == 1:
+                answered(0, link.run(EXTEND, *requests[0]))
+            else:
+                link.run_pipelined(EXTEND, requests, answered)
+        except REDIS_ERRORS as exc:
+            return answers, wanted, exc
+        return answers, wanted, None
 
     def _failed(self, batch: list[RenewedLease], reason: str) -> None:
         now = time.monotonic()

@@ -39,6 +39,12 @@ class Lua:
 # written. So the fence step is a pcall, and when it fails (the fence key holds
 # another type, or the counter is at its limit) the lock just set is deleted before
 # the error is returned: nothing stays held for a lease nobody was given.
+#
+# A call may run twice: redis-py's cluster pipeline sends a command again after a
+# connection error, and so may a proxy, though the first may have run. Tokens are
+# unique per acquisition, so a lock already holding this call's token was set by
+# this call: the script answers its fencing token again (nobody can have bumped the
+# counter while the lock was held) instead of "held elsewhere" for our own lock.
 ACQUIRE = Lua("""
 -- KEYS: lock, fence  ARGV: ttl in ms, token
 -- Returns the new fencing token, or 0 when someone else holds the lock.
@@ -48,6 +54,9 @@ if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
     redis.call('DEL', KEYS[1])
   end
   return fence
+end
+if redis.call('GET', KEYS[1]) == ARGV[2] then
+  return tonumber(redis.call('GET', KEYS[2]))
 end
 return 0
 """)
@@ -67,8 +76,9 @@ return 0
 ACQUIRE_MANY = Lua("""
 -- KEYS: lock1, fence1, lock2, fence2, ...  ARGV: ttl in ms, token1, token2, ...
 -- Returns per lock its new fencing token, or 0 when someone else holds it,
--- separated by spaces. If a fence step fails, every lock this call set is
--- deleted again and the error is returned.
+-- separated by spaces (a lock already holding its token: its fencing token
+-- again). If a fence step fails, every lock this call set is deleted again
+-- and the error is returned.
 local out = {}
 for i = 1, #KEYS / 2 do
   if redis.call('SET', KEYS[2 * i - 1], ARGV[i + 1], 'NX', 'PX', ARGV[1]) then
@@ -83,6 +93,8 @@ for i = 1, #KEYS / 2 do
     end
     -- %d: concat would print a Lua number of 15 digits or more as 1e+14.
     out[i] = string.format('%d', fence)
+  elseif redis.call('GET', KEYS[2 * i - 1]) == ARGV[i + 1] then
+    out[i] = redis.call('GET', KEYS[2 * i])  -- this call ran before: the same answer
   else
     out[i] = '0'
   end

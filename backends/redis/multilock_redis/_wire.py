@@ -13,7 +13,7 @@ import threading
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
-__all__ = ["AsyncGate", "AsyncSocket", "SyncGate", "SyncSocket", "pack"]
+__all__ = ["AsyncGate", "AsyncSocket", "SyncGate", "SyncSocket", "pack", "wait_time_ms"]
 
 
 def pack(args: tuple[str | int, ...]) -> bytes:
@@ -28,6 +28,15 @@ def pack(args: tuple[str | int, ...]) -> bytes:
     return b"*%d\r\n" % len(encoded) + b"".join(
         [b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in encoded]
     )
+
+
+def wait_time_ms(timeout: float, socket_timeout: float | None) -> int:
+    """``WAIT``'s timeout in milliseconds: ``timeout``, but within half the socket
+    timeout, so that its answer comes before the socket gives up (and never 0,
+    which would wait forever)."""
+    if socket_timeout is not None:
+        timeout = min(timeout, socket_timeout / 2)
+    return max(1, round(timeout * 1000))
 
 
 class AsyncGate:
@@ -92,6 +101,25 @@ class AsyncSocket:
         """The bound of one call: a ``TimeoutError`` when it passes."""
         return asyncio.timeout(self.timeout)
 
+    async def readable(self) -> bool:
+        """Whether the connection has something to read: before a call, that the
+        server closed it (or sent what nobody asked for). redis-py 8 names the check
+        ``can_read()``; before 8 the asyncio connection had only
+        ``can_read_destructive()`` (deprecated in 8), which answers the end of the
+        stream with ``b""``, falsy: only its ``False`` means nothing to read."""
+        if hasattr(self.connection, "can_read"):
+            readable: bool = await self.connection.can_read()
+            return readable
+        return await self.connection.can_read_destructive() is not False
+
+    def closed(self) -> bool:
+        """Whether the connection must be opened before a call, through
+        ``connect()``: a Sentinel-managed connection asks the Sentinels where the
+        primary is there, which a send on a closed connection skips (it would dial
+        redis-py's default, localhost:6379). Not a coroutine: it is asked on every
+        call."""
+        return not self.connection.is_connected
+
 
 class SyncSocket:
     """:class:`AsyncSocket` for threads: the connection's own socket timeout bounds a call."""
@@ -108,3 +136,12 @@ class SyncSocket:
     def deadline(self) -> nullcontext[None]:
         """Nothing to add: every socket operation has its timeout."""
         return nullcontext()
+
+    def readable(self) -> bool:
+        """:meth:`AsyncSocket.readable` (every redis-py names it ``can_read()``)."""
+        readable: bool = self.connection.can_read()
+        return readable
+
+    def closed(self) -> bool:
+        """:meth:`AsyncSocket.closed`."""
+        return self.connection._sock is None  # is_connected is not in every redis-py 5

@@ -58,6 +58,14 @@ def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return directory
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on at ``host`` now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 class RedisServer:
     """A private ``redis-server`` process that a test may stop and start again.
 
@@ -72,23 +80,29 @@ class RedisServer:
         tls: Path | None = None,
         cert: str = "server",
         auth_clients: bool = False,
+        args: tuple[str, ...] = (),
+        host: str = "127.0.0.1",
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.directory = directory
         self.password = password
         self.tls = tls
         self.cert = cert
         self.auth_clients = auth_clients
+        self.args = args  # more redis-server options (cluster, replication...)
+        self.host = host  # the address it listens on
+        self.prefix = prefix  # what runs it: ("ip", "netns", "exec", name) in a namespace
         # Unix socket paths are limited to about 100 bytes: keep it short.
         self.socket_path = Path(tempfile.mkdtemp(prefix="mlr-")) / "redis.sock"
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port: int = probe.getsockname()[1]
+        # In a namespace of its own every port is free: pick one free on the host's
+        # loopback, so that no two servers of a test share a port.
+        self.port: int = free_port("127.0.0.1" if prefix else host)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         """Its ``redis://`` URL."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def admin(self) -> redis.Redis:
         """A plain redis-py client for poking at the server from outside."""
@@ -103,7 +117,7 @@ class RedisServer:
                 ssl_keyfile=str(self.tls / "client.key"),
                 socket_timeout=5,
             )
-        return redis.Redis(port=self.port, password=self.password, socket_timeout=5)
+        return redis.Redis(self.host, self.port, password=self.password, socket_timeout=5)
 
     def _listen(self) -> list[str]:
         if not self.tls:
@@ -123,10 +137,14 @@ class RedisServer:
             pytest.skip("redis-server is not installed")
         self.process = subprocess.Popen(
             [
+                *self.prefix,
                 executable,
                 *self._listen(),
                 "--bind",
-                "127.0.0.1",
+                self.host,
+                # Off the loopback, only on a test's own veth link: let its peers in.
+                "--protected-mode",
+                "yes" if self.host == "127.0.0.1" else "no",
                 "--save",
                 "",
                 "--appendonly",
@@ -138,6 +156,7 @@ class RedisServer:
                 "--unixsocketperm",
                 "700",
                 *(["--requirepass", self.password] if self.password else []),
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -216,3 +235,33 @@ def wrong_name_redis(tmp_path: Path, test_ca: Path) -> Iterator[RedisServer]:
 def mutual_tls_redis(tmp_path: Path, test_ca: Path) -> Iterator[RedisServer]:
     """As ``tls_redis``, wanting a client certificate of the test CA."""
     yield from _serve(tmp_path, tls=test_ca, auth_clients=True)
+
+
+def _topology(made: Any, config: pytest.Config) -> Iterator[Any]:
+    try:
+        made.start(config)
+        yield made
+    finally:
+        made.remove()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A Redis Cluster of three primaries and three replicas, for the session's tests
+    that do not break it (see ``topology.Cluster``)."""
+    from .topology import Cluster
+
+    yield from _topology(Cluster(tmp_path_factory.mktemp("cluster")), request.config)
+
+
+@pytest.fixture(scope="session")
+def redis_sentinels(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A primary, a replica and three Sentinels, for the session's tests that do not
+    break them (see ``topology.Sentinels``)."""
+    from .topology import Sentinels
+
+    yield from _topology(Sentinels(tmp_path_factory.mktemp("sentinel")), request.config)

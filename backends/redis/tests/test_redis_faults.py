@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +18,13 @@ import redis
 
 import multilock
 from multilock.errors import BackendUnavailable
-from multilock.testing import apoll
-from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker
+from multilock.testing import apoll, poll
+from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker, lock_key
 from multilock_redis._async import _lua as async_lua
 from multilock_redis._common import CHUNK
 from multilock_redis._sync import _lua as sync_lua
+
+from .conftest import RedisServer
 
 pytestmark = pytest.mark.faults
 
@@ -239,14 +242,15 @@ def test_a_connection_closed_while_idle_is_replaced_without_an_error_async(
         admin = throwaway_redis.admin()
         async with multilock.connect_async(_url(throwaway_redis)) as locker:
             assert isinstance(locker, AsyncRedisLocker)
-            connection = locker._link._socket.connection
+            assert isinstance(locker._link, async_lua.AsyncLink)
+            socket = locker._link._socket
             warm_up = await locker.try_acquire("before")
             assert warm_up is not None
             assert await warm_up.release()
             for round_ in range(3):
                 admin.client_kill_filter(_type="normal", skipme=True)
                 # An idle loop would have read the end long ago; this one was blocked.
-                await apoll("the end of the stream", connection.can_read, within=PROMPT)
+                await apoll("the end of the stream", socket.readable, within=PROMPT)
                 lease = await locker.try_acquire(f"after-kill-{round_}")
                 assert lease is not None
                 assert await lease.release()
@@ -311,3 +315,41 @@ def test_unix_socket(throwaway_redis: Any, scheme: str) -> None:
         assert admin.get(lease.key) == lease.token.encode()
         admin.close()
         assert lease.release()
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["release", "release-many"])
+def test_a_release_redis_did_not_hear_is_made_once_it_is_back(tmp_path: Path, many: bool) -> None:
+    # A release that cannot reach Redis raises, and is tried again in the background:
+    # the name is free as soon as Redis is back (with the lock still in its data),
+    # not only when the key's ttl runs out. A scheduler's hold releases failing in a
+    # failover would otherwise block their jobs for the lease's ttl.
+    server = RedisServer(tmp_path, args=("--appendonly", "yes", "--appendfsync", "always"))
+    server.start()
+    try:
+        url = _url(server, ttl="30s")
+        with multilock.connect(url) as holder, multilock.connect(url) as other:
+            assert isinstance(holder, RedisLocker)
+            lease = _held(holder.try_acquire("kept"))
+            server.stop()
+            logged = "".join(path.read_text() for path in tmp_path.rglob("*.aof"))
+            assert lease.key in logged  # the lock comes back with the server's data
+            if many:
+                with pytest.raises(BackendUnavailable):
+                    holder._release_many([lease])  # the scheduler's release of many
+            else:
+                _raises_promptly(lease.release)
+            server.start()
+            taken = poll("another locker takes the name", lambda: other.try_acquire("kept"), 5.0)
+            assert taken.fencing_token == 2
+            taken.release()
+    finally:
+        server.remove()
+
+
+def test_wait_replicas_without_a_replica_refuses_every_grant(throwaway_redis: Any) -> None:
+    url = f"{throwaway_redis.url}?wait_replicas=1&wait_timeout=100ms"
+    with multilock.connect(url) as locker:
+        with pytest.raises(BackendUnavailable, match=r"only 0 of the 1 replica\(s\)"):
+            locker.try_acquire("lonely")
+        with throwaway_redis.admin() as admin:
+            assert not admin.exists(lock_key("lonely"))  # undone

@@ -22,7 +22,10 @@ from multilock_redis import (
     fence_key,
     lock_key,
 )
+from multilock_redis._async._lua import AsyncLink
 from multilock_redis._common import CHUNK
+from multilock_redis._scripts import ACQUIRE, ACQUIRE_MANY
+from multilock_redis._sync._lua import SyncLink
 
 TTL = 0.3  # short, so that expiry and loss show within a second
 # Renewal tests need the renewal thread scheduled within 2/3 of a ttl on a loaded
@@ -56,12 +59,19 @@ def _held_async(lease: object) -> AsyncRedisLease:
     return lease
 
 
+def _link(locker: RedisLocker | AsyncRedisLocker) -> Any:
+    """The locker's link to its one server (not a cluster's)."""
+    link = locker._link
+    assert isinstance(link, SyncLink | AsyncLink), link
+    return link
+
+
 def _count_round_trips(locker: RedisLocker) -> list[str]:
     """Record the name of every command ``locker`` sends, on its own connection
     or through its client's pool."""
     sent: list[str] = []
-    client = locker._link._client
-    connection: Any = locker._link._socket.connection
+    client = _link(locker)._client
+    connection: Any = _link(locker)._socket.connection
     connection.connect()  # the handshake (HELLO, SELECT...) is once per connection, not per call
     execute: Any = client.execute_command
     send: Any = connection.send_packed_command
@@ -74,7 +84,7 @@ def _count_round_trips(locker: RedisLocker) -> list[str]:
         sent.append(command[0].split(b"\r\n")[2].decode())  # *N, $len, then the name
         send(command, check_health)
 
-    client.execute_command = executing  # type: ignore[method-assign]
+    client.execute_command = executing
     connection.send_packed_command = sending
     return sent
 
@@ -251,6 +261,23 @@ def test_try_acquire_many_gives_large_fencing_tokens_whole(
     assert _held(leases[f"{name}-other"]).fencing_token == 1
 
 
+def test_an_acquire_sent_twice_answers_its_own_fencing_token_again(
+    admin: redis.Redis, name: str
+) -> None:
+    # redis-py's cluster pipeline sends a command again after a connection error,
+    # though the first may have run: that must not read as "held elsewhere".
+    keys = [lock_key(name), fence_key(name)]
+    first = admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-1")
+    assert first == 1
+    assert admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-1") == first
+    assert admin.eval(ACQUIRE.source, 2, *keys, 10_000, "token-2") == 0  # someone else
+    other = [lock_key(f"{name}-b"), fence_key(f"{name}-b")]
+    batch: list[str | int] = [*keys, *other, 10_000, "token-1", "token-3"]
+    assert admin.eval(ACQUIRE_MANY.source, 4, *batch) == b"1 1"  # ours again, and a new one
+    assert admin.eval(ACQUIRE_MANY.source, 4, *batch) == b"1 1"
+    assert admin.get(fence_key(f"{name}-b")) == b"1"  # the replay bumped nothing
+
+
 def test_try_acquire_many_of_nothing_asks_nothing(locker: RedisLocker) -> None:
     sent = _count_round_trips(locker)
     assert locker.try_acquire_many([]) == {}
@@ -261,12 +288,12 @@ def test_a_call_finding_the_connection_busy_goes_through_the_pool(
     locker: RedisLocker, name: str
 ) -> None:
     sent = _count_round_trips(locker)
-    assert locker._link._gate.enter()  # as if another thread were awaiting a reply on it
+    assert _link(locker)._gate.enter()  # as if another thread were awaiting a reply on it
     try:
         lease = _held(locker.try_acquire(name))
         assert lease.release()
     finally:
-        locker._link._gate.leave()
+        _link(locker)._gate.leave()
     assert sent == ["EVALSHA", "EVALSHA"]  # both through execute_command, none on the socket
     assert locker.try_acquire(name) is not None  # and the connection is used again
 
@@ -277,11 +304,11 @@ def test_max_connections_bounds_the_pool_not_the_lockers_own_connection(
     with multilock.connect(redis_url, max_connections=1) as locker:
         assert isinstance(locker, RedisLocker)
         lease = _held(locker.try_acquire(name))  # on the locker's own connection
-        assert locker._link._gate.enter()
+        assert _link(locker)._gate.enter()
         try:
             assert locker.try_acquire(name) is None  # through the pool's one connection
         finally:
-            locker._link._gate.leave()
+            _link(locker)._gate.leave()
         assert lease.release()
 
 
@@ -296,7 +323,7 @@ def test_concurrent_async_calls_share_the_connection_and_the_pool(
             held = [_held_async(lease) for lease in leases]
             assert all(lease.fencing_token for lease in held)
             assert await asyncio.gather(*(lease.release() for lease in held)) == [True] * 20
-            assert not locker._link._gate._busy
+            assert not _link(locker)._gate._busy
 
     asyncio.run(main())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import multilock
@@ -111,3 +113,61 @@ def test_password_is_masked_in_repr_and_errors() -> None:
         multilock.connect("redis://user:s3cret@h/0?bogus=1")
     assert "s3cret" not in str(info.value)
     assert "s3cret" not in repr(parse_config(LockURL.parse("redis://:s3cret@h/0")))
+
+
+def test_cluster_url_names_its_nodes() -> None:
+    config = parse_config(LockURL.parse("redis+cluster://:pw@h1:7000,h2,[::1]:7002/?ttl=5s"))
+    assert config.topology == "cluster"
+    assert config.nodes == (("h1", 7000), ("h2", 6379), ("::1", 7002))
+    assert config.ttl == 5.0
+    assert "pw" not in repr(config)
+
+
+def test_sentinel_url_names_the_sentinels_the_primary_and_the_db() -> None:
+    config = parse_config(LockURL.parse("redis+sentinel://s1,s2:26380/mymaster/3"))
+    assert (config.topology, config.service) == ("sentinel", "mymaster")
+    assert config.nodes == (("s1", 26379), ("s2", 26380))
+    pool: Any = sync_client(config).connection_pool
+    assert (pool.service_name, pool.connection_kwargs["db"]) == ("mymaster", 3)
+    assert parse_config(LockURL.parse("redis+sentinel://s1/app?db=2")).client_url.endswith("/2")
+
+
+def test_sentinels_get_their_own_credentials_and_every_timeout() -> None:
+    url = "redis+sentinel://app:pw@s1/mymaster?sentinel_password=spw&socket_timeout=2s"
+    config = parse_config(LockURL.parse(url))
+    for client in (sync_client(config), async_client(config)):
+        pool: Any = client.connection_pool
+        assert pool.connection_kwargs["password"] == "pw"  # the primary's
+        sentinel_kwargs = pool.sentinel_manager.sentinel_kwargs
+        assert sentinel_kwargs["password"] == "spw"
+        assert (sentinel_kwargs["socket_timeout"], pool.connection_kwargs["socket_timeout"]) == (
+            2.0,
+            2.0,
+        )
+    assert "spw" not in repr(config)
+    with pytest.raises(InvalidOption) as info:
+        multilock.connect(f"{url}&bogus=1")
+    assert "spw" not in str(info.value)
+    assert "pw@" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "says"),
+    [
+        ("redis+cluster://h/1", InvalidURL, "only db 0"),
+        ("redis+cluster://h/?db=2", InvalidURL, "only db 0"),
+        ("redis+cluster://h/x", InvalidURL, "the path is the db number"),
+        ("redis+cluster:///", InvalidURL, "names no host"),
+        ("redis+sentinel://s1", InvalidURL, "the name Sentinel knows the primary by"),
+        ("redis+sentinel://s1/mymaster/x", InvalidURL, "/mymaster/0"),
+        ("redis+sentinel://s1/mymaster/1?db=2", InvalidOption, "db twice"),
+        ("redis://h/0?sentinel_password=x", InvalidOption, "needs a redis\\+sentinel:// URL"),
+        ("redis+cluster://h/?sentinel_username=x", InvalidOption, "redis\\+sentinel://"),
+        ("redis://h/0?wait_replicas=-1", InvalidOption, "'wait_replicas'"),
+        ("redis://h/0?wait_replicas=101", InvalidOption, "at most 100"),
+        ("redis://h/0?wait_timeout=0", InvalidOption, "'wait_timeout' .* must be positive"),
+    ],
+)
+def test_bad_topology_input_is_named(url: str, error: type[Exception], says: str) -> None:
+    with pytest.raises(error, match=says):
+        multilock.connect(url)

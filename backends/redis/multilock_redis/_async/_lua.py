@@ -18,12 +18,12 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._config import AsyncClient
+from .._config import AsyncClient, sentinels_of
 from .._errors import REDIS_ERRORS
 from .._scripts import Lua
-from .._wire import AsyncGate, AsyncSocket, pack
+from .._wire import AsyncGate, AsyncSocket, pack, wait_time_ms
 
-__all__ = ["AsyncLink", "Request", "run"]
+__all__ = ["AsyncLink", "Request", "reloading", "run"]
 
 Execute = Callable[..., Any]  # execute_command, or a link's own
 Request = tuple[list[str], list[str | int]]  # a script call's keys and arguments
@@ -35,6 +35,22 @@ async def run(client: AsyncClient, script: Lua, keys: list[str], args: list[str 
     """Run ``script`` through ``client`` (a connection from its pool)."""
     # The bare execute_command, not evalsha(): its typed dispatch costs a microsecond.
     return await _evalsha(client.execute_command, script, keys, args)
+
+
+async def reloading(send: Callable[[], Any], load: Callable[[], Any]) -> tuple[list[Any], int]:
+    """The answers and acknowledgements of ``send()`` (a waited pipeline); if the
+    server lacked the script for every request, ``load()`` it and send again. Had
+    some requests run and others not, nothing can vouch for those that did: -1
+    acknowledged (the answers kept as they are)."""
+    answers, acked = await send()
+    lacking = [isinstance(answer, NoScriptError) for answer in answers]
+    if not any(lacking):
+        return answers, acked
+    if not all(lacking):
+        return answers, -1
+    await load()
+    result: tuple[list[Any], int] = await send()
+    return result
 
 
 async def _evalsha(execute: Execute, script: Lua, keys: list[str], args: list[str | int]) -> Any:
@@ -123,7 +139,9 @@ class AsyncLink:
         try:
             async with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
-                    await _drop_if_closed(connection)
+                    await _drop_if_closed(self._socket)
+                if self._socket.closed():
+                    await connection.connect()
                 for keys, args in requests:
                     command = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
                     await connection.send_packed_command([command])
@@ -153,7 +171,9 @@ class AsyncLink:
         try:
             async with self._socket.deadline():
                 if answered is not None and time.monotonic() - answered > IDLE:
-                    await _drop_if_closed(connection)
+                    await _drop_if_closed(self._socket)
+                if self._socket.closed():
+                    await connection.connect()
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 await connection.send_packed_command([pack(args)])
                 reply = await connection.read_response()
@@ -162,20 +182,55 @@ class AsyncLink:
         self._answered = time.monotonic()
         return reply
 
+    async def run_waited(
+        self, script: Lua, requests: list[Request], wait: tuple[int, float]
+    ) -> tuple[list[Any], int]:
+        """Run ``script`` once per request, then ``WAIT`` for ``wait`` = (replicas,
+        seconds): that many replicas to have their writes, within that time. The
+        answers (an error in place of an answer that is one), and how many replicas
+        acknowledged them.
+
+        Sent as one pipeline on one connection of the client's pool: ``WAIT`` counts
+        the writes made on its own connection. When the server had no script (after a
+        failover, say), it is loaded and everything sent again; had some requests run
+        and others not, nothing can vouch for those that did: -1 acknowledged.
+        """
+        client: Any = self._client
+        return await reloading(
+            lambda: self._waited(script, requests, wait),
+            lambda: client.execute_command("SCRIPT", "LOAD", script.source),
+        )
+
+    async def _waited(
+        self, script: Lua, requests: list[Request], wait: tuple[int, float]
+    ) -> tuple[list[Any], int]:
+        pipe: Any = self._client.pipeline(transaction=False)
+        for keys, args in requests:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        replicas, timeout = wait
+        pipe.execute_command("WAIT", replicas, wait_time_ms(timeout, self._socket.timeout))
+        *answers, acked = await pipe.execute(raise_on_error=False)
+        if isinstance(acked, BaseException):
+            raise acked
+        return answers, int(acked)
+
     async def aclose(self) -> None:
-        """Close the connection and the client's pool."""
+        """Close the connection, the client's pool and its Sentinels' clients."""
         try:
             if self._pid == os.getpid():
                 await self._socket.connection.disconnect()
         finally:
             await self._client.aclose()
+            for sentinel in sentinels_of(self._client):
+                await sentinel.aclose()
 
 
-async def _drop_if_closed(connection: Any) -> None:
-    """Disconnect ``connection`` if the server has closed it (or sent what nobody asked for)."""
+async def _drop_if_closed(socket: AsyncSocket) -> None:
+    """Disconnect the socket's connection if the server has closed it (or sent what
+    nobody asked for)."""
     try:
-        closed = await connection.can_read()
+        closed = await socket.readable()
     except REDIS_ERRORS:  # the sync can_read() raises on the server's end of the stream
         closed = True
     if closed:
-        await connection.disconnect()
+        await socket.connection.disconnect()

@@ -13,11 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 from multilock.backend import LeaseBase, LockerBase, LockURL
 
-from .._common import CHUNK, RedisLockerCommon
-from .._config import sync_client
+from .._common import RedisLockerCommon
 from .._errors import REDIS_ERRORS, translate
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
-from ._lua import SyncLink
+from ._cluster import new_link
 
 __all__ = ["RedisLease", "RedisLocker"]
 
@@ -50,37 +49,49 @@ class RedisLease(LeaseBase):
 
 
 class RedisLocker(RedisLockerCommon, LockerBase):
-    """A locker on one Redis server (``redis://``, ``rediss://``, ``unix://``)."""
+    """A locker on one Redis server (``redis://``, ``rediss://``, ``unix://``), a Redis
+    Cluster (``redis+cluster://``) or the primary Sentinel names (``redis+sentinel://``)."""
 
     def __init__(self, url: LockURL) -> None:
         super().__init__(url, default_ttl=self._setup(url))
-        self._link = SyncLink(sync_client(self._config))
+        self._link = new_link(self._config)
 
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
         keys, args, tokens = self._acquire_request([name], ttl)
         start, expires_at = time.monotonic(), _expiry(ttl)
         try:
-            fence = self._link.run(ACQUIRE, keys, args)
+            if self._wait is None:
+                fence = self._link.run(ACQUIRE, keys, args)
+            else:
+                answers, acked = self._link.run_waited(ACQUIRE, [(keys, args)], self._wait)
+                fence = self._answer(answers[0])
         except REDIS_ERRORS as exc:
+            # It may have run (its answer lost): the lock is freed once Redis answers.
+            self._renewer.release_later([(keys[0], tokens[0], ttl)])
             raise translate(exc, self._url, "acquiring") from None
         if not fence:
             return None
         lease = RedisLease(self, name, keys[0], tokens[0], fence, ttl, expires_at)
+        if self._wait is not None and acked < self._wait[0]:
+            self._give_back(*self._given_back([lease]), ttl)
+            raise self._unreplicated("acquiring", acked)
         self._hold([lease], start)
         return lease
 
     def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
         if not names:
             return {}
-        made: list[tuple[list[str], list[str]]] = []
+        made: list[tuple[list[str], list[str], list[str]]] = []
         requests = self._acquire_requests(names, ttl, made)
         result: dict[str, LeaseBase | None] = dict.fromkeys(names)
         granted: list[RedisLease] = []
         start, expires_at = time.monotonic(), _expiry(ttl)
 
+        answered_calls: set[int] = set()
+
         def answered(i: int, answer: bytes | str) -> None:
-            keys, tokens = made[i]
-            chunk = names[i * CHUNK : (i + 1) * CHUNK]
+            answered_calls.add(i)
+            chunk, keys, tokens = made[i]
             for j, fence in enumerate(parse_fences(answer)):
                 if fence:
                     lease = RedisLease(
@@ -90,10 +101,23 @@ class RedisLocker(RedisLockerCommon, LockerBase):
                     result[chunk[j]] = lease
 
         try:
-            self._link.run_pipelined(ACQUIRE_MANY, requests, answered)
+            if self._wait is None:
+                self._link.run_pipelined(ACQUIRE_MANY, requests, answered)
+            else:
+                answers, acked = self._link.run_waited(ACQUIRE_MANY, list(requests), self._wait)
+                for i, answer in enumerate(answers):
+                    answered(i, self._answer(answer))
+                if granted and acked < self._wait[0]:
+                    raise self._unreplicated("acquiring", acked)
         except BaseException as exc:
-            # A call may have been answered before another failed: nothing stays held.
-            self._give_back(granted)
+            # A call may have been answered before another failed, and one whose
+            # answer was lost may have run: nothing stays held.
+            keys, tokens = self._given_back(granted)
+            for i, (_, made_keys, made_tokens) in enumerate(made):
+                if i not in answered_calls:
+                    keys += made_keys[::2]
+                    tokens += made_tokens
+            self._give_back(keys, tokens, ttl)
             if isinstance(exc, REDIS_ERRORS):
                 raise translate(exc, self._url, "acquiring") from None
             raise
@@ -106,24 +130,35 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         try:
             self._track(leases, start)
         except BaseException:
-            self._give_back(leases)
+            self._give_back(*self._given_back(leases), max(lease._ttl for lease in leases))
             raise
 
-    def _give_back(self, leases: list[RedisLease]) -> None:
-        """Release ``leases``, granted by a call that then failed (best effort: a key
-        that cannot be deleted now expires after its ttl)."""
-        keys, tokens = self._given_back(leases)
+    def _give_back(self, keys: list[str], tokens: list[str], ttl: float) -> None:
+        """Compare-and-delete ``keys`` under ``tokens``: set, or maybe set, by a call that
+        then failed. What Redis cannot be asked now is tried again in the background
+        until those keys (of ``ttl``) would have expired anyway."""
         try:
-            if keys:
-                self._link.run(RELEASE_MANY, keys, list(tokens))
+            self._release_all(keys, tokens)
         except REDIS_ERRORS:
-            pass
+            self._renewer.release_later(
+                (key, token, ttl) for key, token in zip(keys, tokens, strict=True)
+            )
+
+    def _release_all(self, keys: list[str], tokens: list[str]) -> None:
+        """Compare-and-delete ``keys`` held under ``tokens``: one script call (on a
+        cluster, one per slot, pipelined)."""
+        requests = self._release_requests(keys, tokens)
+        if len(requests) == 1:
+            self._link.run(RELEASE_MANY, *requests[0])
+        elif requests:
+            self._link.run_pipelined(RELEASE_MANY, requests, _ignore)
 
     def _release_lease(self, lease: RedisLease) -> bool:
         self._untrack(lease)
         try:
             freed = self._link.run(RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
+            self._renewer.release_later([(lease.key, lease.token, lease._ttl)])
             if lease.lost.is_set():
                 return False  # already reported lost: its key expires on its own
             raise translate(exc, self._url, "releasing") from None
@@ -133,19 +168,26 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         """Free ``leases`` in one script call (compare-and-delete each)."""
         mine = [lease for lease in leases if isinstance(lease, RedisLease)]
         keys, tokens = self._given_back(mine)
-        if not keys:
-            return
         try:
-            self._link.run(RELEASE_MANY, keys, list(tokens))
+            self._release_all(keys, tokens)
         except REDIS_ERRORS as exc:
+            self._renewer.release_later((lease.key, lease.token, lease._ttl) for lease in mine)
             if all(lease.lost.is_set() for lease in mine):
                 return  # already reported lost: their keys expire on their own
             raise translate(exc, self._url, "releasing") from None
 
     def _extend_lease(self, lease: RedisLease, ttl: float) -> float:
         start = time.monotonic()
+        request: tuple[list[str], list[str | int]] = ([lease.key], [lease.token, self._ttl_ms(ttl)])
         try:
-            answers = self._link.run(EXTEND, [lease.key], [lease.token, self._ttl_ms(ttl)])
+            if self._wait is None:
+                answers = self._link.run(EXTEND, *request)
+            else:
+                replies, acked = self._link.run_waited(EXTEND, [request], self._wait)
+                answers = self._answer(replies[0])
+                if answers[0] == 1 and acked < self._wait[0]:
+                    # Extended on the primary only: its confirmed expiry stays put.
+                    raise self._unreplicated("extending", acked)
         except REDIS_ERRORS as exc:
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
@@ -153,8 +195,7 @@ class RedisLocker(RedisLockerCommon, LockerBase):
     def _close(self) -> None:
         keys, tokens = self._drop_all()
         try:
-            if keys:
-                self._link.run(RELEASE_MANY, keys, list(tokens))
+            self._release_all(keys, tokens)
         except REDIS_ERRORS as exc:
             self._close_failed(exc, len(keys))
         finally:
@@ -165,3 +206,7 @@ def _expiry(ttl: float) -> datetime:
     """When a lease of ``ttl`` granted from now expires: taken before the request is
     sent, so that the server's expiry is never earlier than the one reported."""
     return datetime.now(UTC) + timedelta(seconds=ttl)
+
+
+def _ignore(i: int, answer: object) -> None:
+    """An answer nobody needs (how many locks a release freed)."""

@@ -20,12 +20,12 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._config import SyncClient
+from .._config import SyncClient, sentinels_of
 from .._errors import REDIS_ERRORS
 from .._scripts import Lua
-from .._wire import SyncGate, SyncSocket, pack
+from .._wire import SyncGate, SyncSocket, pack, wait_time_ms
 
-__all__ = ["Request", "SyncLink", "run"]
+__all__ = ["Request", "SyncLink", "reloading", "run"]
 
 Execute = Callable[..., Any]  # execute_command, or a link's own
 Request = tuple[list[str], list[str | int]]  # a script call's keys and arguments
@@ -37,6 +37,22 @@ def run(client: SyncClient, script: Lua, keys: list[str], args: list[str | int])
     """Run ``script`` through ``client`` (a connection from its pool)."""
     # The bare execute_command, not evalsha(): its typed dispatch costs a microsecond.
     return _evalsha(client.execute_command, script, keys, args)
+
+
+def reloading(send: Callable[[], Any], load: Callable[[], Any]) -> tuple[list[Any], int]:
+    """The answers and acknowledgements of ``send()`` (a waited pipeline); if the
+    server lacked the script for every request, ``load()`` it and send again. Had
+    some requests run and others not, nothing can vouch for those that did: -1
+    acknowledged (the answers kept as they are)."""
+    answers, acked = send()
+    lacking = [isinstance(answer, NoScriptError) for answer in answers]
+    if not any(lacking):
+        return answers, acked
+    if not all(lacking):
+        return answers, -1
+    load()
+    result: tuple[list[Any], int] = send()
+    return result
 
 
 def _evalsha(execute: Execute, script: Lua, keys: list[str], args: list[str | int]) -> Any:
@@ -125,7 +141,9 @@ class SyncLink:
         try:
             with self._socket.deadline():
                 if answered_at is not None and time.monotonic() - answered_at > IDLE:
-                    _drop_if_closed(connection)
+                    _drop_if_closed(self._socket)
+                if self._socket.closed():
+                    connection.connect()
                 for keys, args in requests:
                     command = pack(("EVALSHA", script.sha, len(keys), *keys, *args))
                     connection.send_packed_command([command])
@@ -155,7 +173,9 @@ class SyncLink:
         try:
             with self._socket.deadline():
                 if answered is not None and time.monotonic() - answered > IDLE:
-                    _drop_if_closed(connection)
+                    _drop_if_closed(self._socket)
+                if self._socket.closed():
+                    connection.connect()
                 # A list: the sync send_packed_command takes bytes as a sequence of chunks.
                 connection.send_packed_command([pack(args)])
                 reply = connection.read_response()
@@ -164,20 +184,55 @@ class SyncLink:
         self._answered = time.monotonic()
         return reply
 
+    def run_waited(
+        self, script: Lua, requests: list[Request], wait: tuple[int, float]
+    ) -> tuple[list[Any], int]:
+        """Run ``script`` once per request, then ``WAIT`` for ``wait`` = (replicas,
+        seconds): that many replicas to have their writes, within that time. The
+        answers (an error in place of an answer that is one), and how many replicas
+        acknowledged them.
+
+        Sent as one pipeline on one connection of the client's pool: ``WAIT`` counts
+        the writes made on its own connection. When the server had no script (after a
+        failover, say), it is loaded and everything sent again; had some requests run
+        and others not, nothing can vouch for those that did: -1 acknowledged.
+        """
+        client: Any = self._client
+        return reloading(
+            lambda: self._waited(script, requests, wait),
+            lambda: client.execute_command("SCRIPT", "LOAD", script.source),
+        )
+
+    def _waited(
+        self, script: Lua, requests: list[Request], wait: tuple[int, float]
+    ) -> tuple[list[Any], int]:
+        pipe: Any = self._client.pipeline(transaction=False)
+        for keys, args in requests:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        replicas, timeout = wait
+        pipe.execute_command("WAIT", replicas, wait_time_ms(timeout, self._socket.timeout))
+        *answers, acked = pipe.execute(raise_on_error=False)
+        if isinstance(acked, BaseException):
+            raise acked
+        return answers, int(acked)
+
     def close(self) -> None:
-        """Close the connection and the client's pool."""
+        """Close the connection, the client's pool and its Sentinels' clients."""
         try:
             if self._pid == os.getpid():
                 self._socket.connection.disconnect()
         finally:
             self._client.close()
+            for sentinel in sentinels_of(self._client):
+                sentinel.close()
 
 
-def _drop_if_closed(connection: Any) -> None:
-    """Disconnect ``connection`` if the server has closed it (or sent what nobody asked for)."""
+def _drop_if_closed(socket: SyncSocket) -> None:
+    """Disconnect the socket's connection if the server has closed it (or sent what
+    nobody asked for)."""
     try:
-        closed = connection.can_read()
+        closed = socket.readable()
     except REDIS_ERRORS:  # the sync can_read() raises on the server's end of the stream
         closed = True
     if closed:
-        connection.disconnect()
+        socket.connection.disconnect()

@@ -166,4 +166,4 @@ def _may_run(name: str, held: bool, tick: float, hold: float, skew: float) -> bo
 
 def shown_tick(tick: float) -> str:
     """``tick`` (epoch seconds) as an ISO time in UTC, for messages."""
-    return datetime.fromtimestamp(tick, UTC).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(tick, UTC).isoformat()

@@ -1,8 +1,9 @@
 """``multilock once``: a distributed flock(1) for crontabs, run as real processes.
 
 The skewed-clock fleet gives each "host" its own clock through libfaketime (Debian's
-``faketime`` package, which scripts/test installs): the product reads the real
-system clock, as it does in production, and no test-only option exists in the CLI.
+``faketime`` package, which scripts/test installs; the conftest's ``faketime``
+fixture): the product reads the real system clock, as it does in production, and no
+test-only option exists in the CLI.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import math
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ import psycopg
 import pytest
 
 import multilock
-from multilock.testing import poll, require_backends
+from multilock.testing import poll
 
 ONCE = [sys.executable, "-m", "multilock", "once"]
 SKIPPED, OWN_FAILURE = 75, 125
@@ -262,38 +263,7 @@ EVERY = 10  # the "crontab": every 10 s
 TICKS = 3
 LATE = 1.5  # one more host, whose cron starts the command this late (by its clock)
 FLEET_BACKENDS = ("file", "postgres", "redis")
-
-
-def faketime_env(offset: float) -> dict[str, str]:
-    """libfaketime for a process whose clock is ``offset`` s from true time."""
-    return {
-        # $LIB is the dynamic loader's own token: the library of the right architecture.
-        "LD_PRELOAD": "/usr/$LIB/faketime/libfaketimeMT.so.1",
-        "FAKETIME": f"{offset:+.3f}",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "FAKETIME_NO_CACHE": "1",
-    }
-
-
-@pytest.fixture
-def faketime(request: pytest.FixtureRequest) -> None:
-    """libfaketime is there (scripts/test installs Debian's faketime), else skip -- or
-    fail when backends are required, as in CI."""
-    found = shutil.which("faketime") is not None
-    if found:
-        probe = subprocess.run(
-            [sys.executable, "-c", "import time; print(time.time())"],
-            env={**os.environ, **faketime_env(1000.0)},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        found = probe.returncode == 0 and float(probe.stdout) > time.time() + 900
-    if not found:
-        message = "libfaketime (Debian's faketime package) is not installed or does not work"
-        if require_backends(request.config):
-            pytest.fail(message)
-        pytest.skip(message)
+FakeTime = Callable[[float], dict[str, str]]  # the conftest's faketime: offset -> environment
 
 
 def _sleep_until(when: float) -> None:
@@ -307,7 +277,8 @@ class Crontab:
 
     hosts = [(offset, 0.0) for offset in OFFSETS] + [(0.0, LATE)]
 
-    def __init__(self, url: str, workdir: Path, first: int) -> None:
+    def __init__(self, url: str, workdir: Path, first: int, faketime: FakeTime) -> None:
+        self.faketime = faketime
         self.url, self.lock, self.record = url, name(), workdir / f"runs-{uuid.uuid4().hex[:6]}"
         self.ticks = range(first, first + TICKS * EVERY, EVERY)
 
@@ -321,7 +292,7 @@ class Crontab:
 
     def start(self, host: int) -> tuple[int, str]:
         command = ["sh", "-c", f'echo "$MULTILOCK_TICK $HOST" >> {self.record}']
-        environment = {**faketime_env(self.hosts[host][0]), "HOST": f"h{host}"}
+        environment = {**self.faketime(self.hosts[host][0]), "HOST": f"h{host}"}
         args = ["--tick", "second", "--hold", f"{HOLD}s", "--skew-tolerance", f"{SKEW_TOLERANCE}s"]
         code, _, err = finish(once(self.url, "--name", self.lock, *args, "--", *command,
                                    env=environment), 60)  # fmt: skip
@@ -341,10 +312,9 @@ class Crontab:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("faketime")
 @pytest.mark.parametrize("backend", FLEET_BACKENDS)
 def test_hosts_with_skewed_clocks_run_each_tick_exactly_once(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, faketime: FakeTime
 ) -> None:
     """Three hosts whose clocks are -0.6, 0 and +0.6 s off, and a fourth whose cron is
     1.5 s late, start a 5 ms command for each of 3 ticks. Each tick runs exactly once
@@ -352,7 +322,7 @@ def test_hosts_with_skewed_clocks_run_each_tick_exactly_once(
     exits 75. Without the hold, the host 0.6 s ahead would run the command and release
     before the host 0.6 s behind started it."""
     first = math.ceil((time.time() + 3) / EVERY) * EVERY  # every host is started for it
-    crontab = Crontab(request.getfixturevalue(f"{backend}_url"), tmp_path, first)
+    crontab = Crontab(request.getfixturevalue(f"{backend}_url"), tmp_path, first, faketime)
 
     def launch(when: float, host: int) -> tuple[int, str]:
         _sleep_until(when)

@@ -18,7 +18,7 @@ from ..abc import AsyncDistributedLock, DistributedLock
 from ..errors import ConfigurationError
 from .ticks import TICK_UNITS, TickUnit, check_hold, latest_start, tick_of
 
-__all__ = ["once_per_tick", "shown_tick", "too_late"]
+__all__ = ["may_run", "once_per_tick", "shown_tick", "too_late"]
 
 log = logging.getLogger("multilock.once")
 
@@ -128,7 +128,7 @@ def once_per_tick(
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 at = fire_time()
                 async with hold_for(at) as lease:
-                    if not _may_run(name, lease is not None, at, held, skew):
+                    if not may_run(name, lease is not None, at, held, skew):
                         return None
                     return await func(*args, **kwargs)
 
@@ -138,7 +138,7 @@ def once_per_tick(
         def run(*args: Any, **kwargs: Any) -> Any:
             at = fire_time()
             with hold_for(at) as lease:
-                if not _may_run(name, lease is not None, at, held, skew):
+                if not may_run(name, lease is not None, at, held, skew):
                     return None
                 return func(*args, **kwargs)
 
@@ -152,7 +152,7 @@ def _hold_for(locker: Any, name: str, hold: float, at_most: Duration | None, tic
     return hold_lock(locker, name, at_least=hold, at_most=at_most, since=tick)
 
 
-def _may_run(name: str, held: bool, tick: float, hold: float, skew: float) -> bool:
+def may_run(name: str, held: bool, tick: float, hold: float, skew: float) -> bool:
     """Whether this replica runs ``tick``: it holds the lock, in time. Another replica
     having it is the normal case (DEBUG); too late is worth a WARNING."""
     if not held:

@@ -152,7 +152,11 @@ def memory_url(request: pytest.FixtureRequest) -> str:
 
 
 def _faketime_env(offset: float) -> dict[str, str]:
-    """The environment that gives a process a clock ``offset`` s from true time."""
+    """The environment that gives a process a clock ``offset`` s from true time.
+
+    The monotonic clocks stay true, as a skewed host's are. (libfaketime 0.9.10 then
+    makes Python's ``time.sleep`` fail with EINVAL; condition waits work, and offsetting
+    the monotonic clocks too breaks those instead.)"""
     return {
         # $LIB is the dynamic loader's own token: the library of the right architecture.
         "LD_PRELOAD": "/usr/$LIB/faketime/libfaketimeMT.so.1",
@@ -164,9 +168,9 @@ def _faketime_env(offset: float) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def faketime(request: pytest.FixtureRequest) -> Callable[[float], dict[str, str]]:
-    """Skewed clocks for processes: ``faketime(offset)`` is the environment (libfaketime,
-    Debian's ``faketime``, which scripts/test installs) of a process whose clock is
-    ``offset`` s off. Skips when it is missing -- fails when backends are required."""
+    """Skewed clocks for processes: ``faketime(offset)`` is the environment of a process
+    whose clock is ``offset`` s off (libfaketime: Debian's ``faketime``, which scripts/test
+    installs). Skips when it is missing -- fails when backends are required."""
     import shutil
     import subprocess
     import sys

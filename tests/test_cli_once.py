@@ -76,6 +76,19 @@ def test_the_command_s_exit_code_is_passed_through(file_url: str) -> None:
     assert out.startswith("ran at ")
 
 
+def test_the_tick_is_the_minute_the_command_was_started_in(file_url: str) -> None:
+    """No --tick: the minute of the process's start (away from a minute's last seconds,
+    where the start could fall in the next one)."""
+    if time.time() % 60 > 55:
+        poll("a fresh minute", lambda: time.time() % 60 < 5, 10)
+    before = time.time()
+    args = ["--name", name(), "--hold", "59s", "--skew-tolerance", "50ms", "--", "sh", "-c"]
+    proc = once(file_url, *args, 'echo "$MULTILOCK_TICK"; kill -TERM $PPID')  # no hold to wait
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert out.strip() == iso(before - before % 60)
+
+
 def test_a_command_ended_by_a_signal_exits_128_plus_it(file_url: str) -> None:
     proc = once(file_url, "--name", name(), *now(), "--", "sh", "-c", "kill -KILL $$")
     assert finish(proc)[0] == 128 + signal.SIGKILL

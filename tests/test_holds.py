@@ -18,6 +18,7 @@ from typing import Self
 import pytest
 
 import multilock
+from multilock._scheduling.ticks import check_hold, latest_start, parse_tick, tick_of
 from multilock.abc import AsyncDistributedLock, AsyncLease, Capability, DistributedLock, Lease
 from multilock.backend import AsyncLockerBase, LockerBase
 from multilock.errors import ConfigurationError
@@ -367,3 +368,30 @@ def test_once_per_tick_refuses_what_cannot_work(memory_url: str) -> None:
         naive = multilock.once_per_tick(locker, "x", hold="30s", tick=lambda: datetime(2026, 1, 1))
         with pytest.raises(ConfigurationError, match="has no timezone"):
             naive(lambda: None)()
+
+
+# --- ticks ---------------------------------------------------------------------------------
+
+
+def test_a_tick_is_its_minute_or_second_or_a_multiple_since_the_epoch() -> None:
+    moment = datetime(2026, 3, 1, 3, 0, 41, 900_000, tzinfo=UTC).timestamp()
+    assert tick_of(moment, "minute") == datetime(2026, 3, 1, 3, 0, tzinfo=UTC).timestamp()
+    assert tick_of(moment, "second") == datetime(2026, 3, 1, 3, 0, 41, tzinfo=UTC).timestamp()
+    assert tick_of(moment, 15.0) == datetime(2026, 3, 1, 3, 0, 30, tzinfo=UTC).timestamp()
+
+
+def test_a_given_tick_is_utc_unless_it_says_otherwise() -> None:
+    assert parse_tick("2026-01-01T03:00") == datetime(2026, 1, 1, 3, tzinfo=UTC).timestamp()
+    assert parse_tick("2026-01-01T05:00+02:00") == parse_tick("2026-01-01T03:00")
+    with pytest.raises(ConfigurationError, match="invalid tick 'tomorrow'"):
+        parse_tick("tomorrow")
+
+
+def test_a_replica_may_start_a_tick_until_hold_less_twice_the_skew() -> None:
+    """A winner whose clock is ahead by s releases at true tick + hold - s; a replica
+    behind by s that took the lock at its tick + hold - 2s did so at true tick + hold - s:
+    still held. Later than that, it cannot know."""
+    hold, skew = check_hold("30s", "250ms")
+    assert latest_start(1000.0, hold, skew) == 1000.0 + 30 - 0.5
+    with pytest.raises(ConfigurationError, match="must be longer than twice"):
+        check_hold("0.5s", "250ms")

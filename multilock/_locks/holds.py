@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 from .._durations import Duration, parse_duration
 from ..errors import ConfigurationError
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncHold", "Hold", "hold", "is_async_locker", "release_at"]
 
 log = logging.getLogger("multilock.hold")
+LockerT = TypeVar("LockerT")
+LeaseT = TypeVar("LeaseT")
 
 
 def _seconds(value: Duration | None, what: str) -> float:
@@ -53,14 +55,19 @@ def _instant(since: datetime | float | None) -> float | None:
     return since.timestamp()
 
 
-class _HoldCommon:
+class _HoldCommon(Generic[LockerT, LeaseT]):
+    """What both holds share: the durations checked at once, the lock and its lease."""
+
     def __init__(
         self,
+        locker: LockerT,
         name: str,
-        at_least: Duration | None,
-        at_most: Duration | None,
-        since: datetime | float | None,
+        *,
+        at_least: Duration | None = None,
+        at_most: Duration | None = None,
+        since: datetime | float | None = None,
     ) -> None:
+        self._locker = locker
         self.name = name
         self.at_least = _seconds(at_least, "at_least")
         self.at_most = None if at_most is None else parse_duration(at_most, what="at_most")
@@ -71,27 +78,15 @@ class _HoldCommon:
         self.since = _instant(since)
         self.until: float | None = None
         """When (epoch seconds) the lease may be released: ``since + at_least``."""
+        self.lease: LeaseT | None = None
 
     def _start(self) -> None:
         start = time.time() if self.since is None else self.since
         self.until = start + self.at_least
 
 
-class Hold(_HoldCommon):
+class Hold(_HoldCommon["DistributedLock", "Lease"]):
     """``with hold(locker, name, ...) as lease`` on a sync locker (see :func:`hold`)."""
-
-    def __init__(
-        self,
-        locker: DistributedLock,
-        name: str,
-        *,
-        at_least: Duration | None = None,
-        at_most: Duration | None = None,
-        since: datetime | float | None = None,
-    ) -> None:
-        super().__init__(name, at_least, at_most, since)
-        self._locker = locker
-        self.lease: Lease | None = None
 
     def __enter__(self) -> Lease | None:
         self._start()
@@ -107,21 +102,8 @@ class Hold(_HoldCommon):
             release_at(self.until, lease.release)
 
 
-class AsyncHold(_HoldCommon):
+class AsyncHold(_HoldCommon["AsyncDistributedLock", "AsyncLease"]):
     """``async with hold(locker, name, ...) as lease`` on an async locker."""
-
-    def __init__(
-        self,
-        locker: AsyncDistributedLock,
-        name: str,
-        *,
-        at_least: Duration | None = None,
-        at_most: Duration | None = None,
-        since: datetime | float | None = None,
-    ) -> None:
-        super().__init__(name, at_least, at_most, since)
-        self._locker = locker
-        self.lease: AsyncLease | None = None
 
     async def __aenter__(self) -> AsyncLease | None:
         self._start()

@@ -9,6 +9,7 @@ APScheduler 3: three ``BackgroundScheduler`` processes on
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -266,5 +267,56 @@ def test_celery_interval_entries_are_due_on_the_epoch_grid(tmp_path: Path, memor
         due, wait = scheduler.is_due(entry)
         assert not due
         assert abs((now + wait) - (window + 60)) < 1
+    finally:
+        scheduler.close()
+
+
+UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+def test_apscheduler_an_unreachable_backend_misses_the_fire_time_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not the job's failure and no traceback: a WARNING, no event, the job not called."""
+    pytest.importorskip("apscheduler")
+    from datetime import UTC, datetime
+
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from multilock.integrations.apscheduler import LockedThreadPoolExecutor
+
+    called: list[int] = []
+    executor = LockedThreadPoolExecutor(UNREACHABLE, hold="30s")
+    job = BackgroundScheduler().add_job(called.append, "interval", seconds=60, id="x", args=(1,))
+    with caplog.at_level(logging.WARNING, logger="multilock.once"):
+        assert executor._run_once(job, [datetime.now(UTC)]) == []
+    assert called == []
+    assert "x: fire time" in caplog.text
+    assert "missed" in caplog.text
+    executor.shutdown()
+
+
+def test_celery_beat_survives_an_unreachable_backend(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tick that cannot be locked is missed with a WARNING; beat goes on."""
+    pytest.importorskip("celery")
+    from datetime import timedelta
+
+    from celery import Celery
+
+    from multilock.integrations.celery import Scheduler
+
+    app = Celery("t", broker="memory://")
+    app.conf.update(
+        beat_multilock_url=UNREACHABLE,
+        beat_schedule={"tidy": {"task": "t.tidy", "schedule": timedelta(seconds=10)}},
+    )
+    scheduler = Scheduler(app, schedule_filename=str(tmp_path / "s"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="multilock.once"):
+            scheduler.apply_entry(scheduler.schedule["tidy"])
+        assert "beat:tidy: tick" in caplog.text
+        assert "missed" in caplog.text
     finally:
         scheduler.close()

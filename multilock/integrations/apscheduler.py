@@ -28,10 +28,10 @@ from typing import Any
 from .._durations import Duration
 from .._locks.holds import hold as hold_lock
 from .._locks.registry import connect
-from .._scheduling.per_tick import may_run
+from .._scheduling.per_tick import may_run, shown_tick
 from .._scheduling.ticks import check_hold
 from ..abc import DistributedLock
-from ..errors import ConfigurationError
+from ..errors import BackendUnavailable, ConfigurationError
 
 try:
     from apscheduler.executors.base import run_job
@@ -104,15 +104,21 @@ class LockedThreadPoolExecutor(ThreadPoolExecutor):  # type: ignore[misc]
         """APScheduler's ``run_job`` for each run time this replica holds in time."""
         events: list[Any] = []
         for run_time in run_times:
-            with hold_lock(self.locker, job.id, at_least=self.hold, since=run_time) as lease:
-                tick = run_time.timestamp()
-                if may_run(job.id, lease is not None, tick, self.hold, self.skew_tolerance):
-                    token = _fire_time.set(run_time)
-                    try:
-                        events += run_job(job, job._jobstore_alias, [run_time], self._logger.name)
-                    finally:
-                        _fire_time.reset(token)
+            tick = run_time.timestamp()
+            try:
+                with hold_lock(self.locker, job.id, at_least=self.hold, since=run_time) as lease:
+                    if may_run(job.id, lease is not None, tick, self.hold, self.skew_tolerance):
+                        events += self._run_at(job, run_time)
+            except BackendUnavailable as exc:  # run_job keeps the job's own errors
+                log.warning("%s: fire time %s missed: %s", job.id, shown_tick(tick), exc)
         return events
+
+    def _run_at(self, job: Job, run_time: datetime) -> list[Any]:
+        token = _fire_time.set(run_time)
+        try:
+            return list(run_job(job, job._jobstore_alias, [run_time], self._logger.name))
+        finally:
+            _fire_time.reset(token)
 
     def shutdown(self, wait: bool = True) -> None:
         """Shut the pool down; close the locker if it was made from a URL."""

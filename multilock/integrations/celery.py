@@ -34,7 +34,7 @@ from .._locks.registry import connect
 from .._scheduling.per_tick import may_run, shown_tick
 from .._scheduling.ticks import check_hold, tick_of
 from ..abc import DistributedLock
-from ..errors import ConfigurationError
+from ..errors import BackendUnavailable, ConfigurationError
 
 try:
     from celery.beat import PersistentScheduler
@@ -107,12 +107,15 @@ class OncePerTick:
         if held is None:  # an entry added since setup_schedule
             held, _ = check_hold(min(_MAX_DEFAULT_HOLD, (every or 60.0) / 2), self._skew)
         name = f"beat:{entry.name}"
-        with hold_lock(self._locker(), name, at_least=held, since=tick) as lease:
-            if may_run(name, lease is not None, tick, held, self._skew):
-                sent = copy.copy(entry)
-                headers = {**sent.options.get("headers", {}), TICK_HEADER: shown_tick(tick)}
-                sent.options = {**sent.options, "headers": headers}
-                super().apply_entry(sent, producer=producer)  # type: ignore[misc]
+        try:
+            with hold_lock(self._locker(), name, at_least=held, since=tick) as lease:
+                if may_run(name, lease is not None, tick, held, self._skew):
+                    sent = copy.copy(entry)
+                    headers = {**sent.options.get("headers", {}), TICK_HEADER: shown_tick(tick)}
+                    sent.options = {**sent.options, "headers": headers}
+                    super().apply_entry(sent, producer=producer)  # type: ignore[misc]
+        except BackendUnavailable as exc:  # an outage misses ticks; it must not stop beat
+            log.warning("%s: tick %s missed: %s", name, shown_tick(tick), exc)
 
     def _locker(self) -> DistributedLock:
         if self._multilock is None:

@@ -395,3 +395,9 @@ def test_a_replica_may_start_a_tick_until_hold_less_twice_the_skew() -> None:
     assert latest_start(1000.0, hold, skew) == 1000.0 + 30 - 0.5
     with pytest.raises(ConfigurationError, match="must be longer than twice"):
         check_hold("0.5s", "250ms")
+
+
+def test_a_hold_that_the_next_tick_would_find_is_refused_where_the_interval_is_known() -> None:
+    assert check_hold("2.2s", "350ms", interval=3.0) == pytest.approx((2.2, 0.35))
+    with pytest.raises(ConfigurationError, match="must not exceed the interval"):
+        check_hold("2.7s", "350ms", interval=3.0)

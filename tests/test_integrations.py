@@ -30,7 +30,7 @@ FakeTime = Callable[[float], dict[str, str]]  # the conftest's faketime: offset 
 OFFSETS = (-0.3, 0.0, 0.3)  # each replica's clock from true time
 SKEW_TOLERANCE = 0.35
 EVERY = 3  # seconds between ticks
-HOLD = 2.7  # below the interval; a replica may run a tick up to 2 s late by its clock
+HOLD = 2.2  # + 2 x the tolerance within the interval; a tick may start 1.5 s late
 TICKS = 6
 READY_TIMEOUT = 60.0
 
@@ -320,3 +320,26 @@ def test_celery_beat_survives_an_unreachable_backend(
         assert "missed" in caplog.text
     finally:
         scheduler.close()
+
+
+def test_celery_beat_refuses_a_hold_the_next_tick_would_find_held(
+    tmp_path: Path, memory_url: str
+) -> None:
+    """hold + 2 x skew tolerance past the interval: the next tick's earliest beat would
+    find the lock still held and skip. Refused at start."""
+    pytest.importorskip("celery")
+    from datetime import timedelta
+
+    from celery import Celery
+
+    from multilock.errors import ConfigurationError
+    from multilock.integrations.celery import Scheduler
+
+    app = Celery("t", broker="memory://")
+    app.conf.update(
+        beat_multilock_url=memory_url,
+        beat_multilock_hold=2.8,
+        beat_schedule={"tidy": {"task": "t.tidy", "schedule": timedelta(seconds=3)}},
+    )
+    with pytest.raises(ConfigurationError, match=r"must not exceed the interval between ticks"):
+        Scheduler(app, schedule_filename=str(tmp_path / "s"))

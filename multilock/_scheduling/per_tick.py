@@ -105,10 +105,11 @@ def once_per_tick(
     ``hold`` has passed since the tick (then releases it in the background), so that a
     replica firing the same tick later skips it; a replica that holds the lock only
     after ``tick + hold - 2 x skew_tolerance`` by its own clock skips too (too late to be
-    sure). ``hold`` must be longer than twice ``skew_tolerance`` and shorter than the
-    interval between ticks. ``at_most`` is the lease's ttl (ShedLock's lock-at-most-for).
-    A sync function needs a sync locker (``multilock.connect``), a coroutine function
-    an async one (``multilock.connect_async``).
+    sure). ``hold`` must be longer than twice ``skew_tolerance``, and ``hold + 2 x
+    skew_tolerance`` at most the interval between ticks (else the next tick's earliest
+    replica finds the lock still held). ``at_most`` is the lease's ttl (ShedLock's
+    lock-at-most-for). A sync function needs a sync locker (``multilock.connect``), a
+    coroutine function an async one (``multilock.connect_async``).
     """
     held, skew = check_hold(hold, skew_tolerance)
     fire_time = _ticker(tick)

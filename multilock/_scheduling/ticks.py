@@ -45,15 +45,25 @@ def parse_tick(text: str) -> float:
     return moment.timestamp()
 
 
-def check_hold(hold: Duration, skew_tolerance: Duration) -> tuple[float, float]:
+def check_hold(
+    hold: Duration, skew_tolerance: Duration, interval: float | None = None
+) -> tuple[float, float]:
     """``(hold, skew_tolerance)`` in seconds, the hold longer than twice the tolerance
-    (else no replica could ever be on time)."""
+    (else no replica could ever be on time) and, where the ``interval`` between ticks is
+    known, at most ``interval - 2 x skew_tolerance`` (else the next tick's earliest
+    replica would find this tick's lock still held by the latest one, and skip it)."""
     held = parse_duration(hold, what="hold")
     skew = parse_duration(skew_tolerance, what="skew_tolerance")
     if held <= 2 * skew:
         raise ConfigurationError(
             f"hold ({held:g} s) must be longer than twice the skew tolerance ({skew:g} s):"
             " a replica must hold the lock by tick + hold - 2 x skew tolerance to run the tick"
+        )
+    if interval is not None and held + 2 * skew > interval:
+        raise ConfigurationError(
+            f"hold ({held:g} s) + 2 x skew tolerance ({skew:g} s) must not exceed the"
+            f" interval between ticks ({interval:g} s): the next tick's earliest replica"
+            " would find the lock still held"
         )
     return held, skew
 

@@ -65,7 +65,9 @@ class LockedThreadPoolExecutor(ThreadPoolExecutor):  # type: ignore[misc]
     that takes it keeps it until ``hold`` has passed since the fire time, so that a
     replica whose clock is late skips that fire time. A replica that takes the lock only
     after ``fire time + hold - 2 x skew_tolerance`` by its own clock skips too. ``hold``
-    must be longer than twice ``skew_tolerance`` and shorter than the job's interval.
+    must be longer than twice ``skew_tolerance``, and ``hold + 2 x skew_tolerance`` at
+    most the job's interval (else its next fire time's earliest replica finds the lock
+    still held and skips).
     ``max_workers`` and ``pool_kwargs`` are APScheduler's.
     """
 

@@ -16,7 +16,8 @@ tick is the minute it fires in (crontab's resolution). The task carries its tick
 Settings (``app.conf``): ``beat_multilock_url``; ``beat_multilock_hold`` (default: half
 the entry's interval, at most 30 s; a crontab's interval counts as a minute);
 ``beat_multilock_skew_tolerance`` (default 250 ms). A hold must be longer than twice the
-skew tolerance: beat refuses to start otherwise.
+skew tolerance, and with twice the tolerance at most the entry's interval (a crontab's
+counts as a minute): beat refuses to start otherwise.
 """
 
 from __future__ import annotations
@@ -75,17 +76,21 @@ class OncePerTick:
         """Celery's, then every entry's hold checked: a hold that cannot work stops
         beat at start with one line, not at the first tick."""
         super().setup_schedule()  # type: ignore[misc]
-        conf = self.app.conf
-        skew = conf.get("beat_multilock_skew_tolerance") or 0.25
+        skew = self.app.conf.get("beat_multilock_skew_tolerance") or 0.25
         self._skew = parse_duration(skew, what="beat_multilock_skew_tolerance")
         self._holds = {}
         for entry in self.schedule.values():
-            every = _interval(entry) or 60.0
-            held = conf.get("beat_multilock_hold") or min(_MAX_DEFAULT_HOLD, every / 2)
             try:
-                self._holds[entry.name], _ = check_hold(held, self._skew)
+                self._holds[entry.name] = self._hold_of(entry)
             except ConfigurationError as exc:
                 raise ConfigurationError(f"beat entry {entry.name!r}: {exc}") from None
+
+    def _hold_of(self, entry: Any) -> float:
+        """The entry's hold: the setting, or half its interval (a crontab's: a minute)
+        at most 30 s; checked against its interval."""
+        every = _interval(entry) or 60.0
+        held = self.app.conf.get("beat_multilock_hold") or min(_MAX_DEFAULT_HOLD, every / 2)
+        return check_hold(held, self._skew, every)[0]
 
     def is_due(self, entry: Any) -> Any:
         """Interval entries are due on multiples of their interval since the epoch, on
@@ -105,7 +110,7 @@ class OncePerTick:
         tick = tick_of(time.time(), every if every is not None else "minute")
         held = self._holds.get(entry.name)
         if held is None:  # an entry added since setup_schedule
-            held, _ = check_hold(min(_MAX_DEFAULT_HOLD, (every or 60.0) / 2), self._skew)
+            held = self._holds[entry.name] = self._hold_of(entry)
         name = f"beat:{entry.name}"
         try:
             with hold_lock(self._locker(), name, at_least=held, since=tick) as lease:

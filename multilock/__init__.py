@@ -19,11 +19,13 @@ Backend authors find their kit in :mod:`multilock.backend`, the contract in
 from __future__ import annotations
 
 from . import errors
+from ._locks.holds import AsyncHold, Hold, hold
 from ._locks.keys import advisory_key
 from ._locks.registry import connect, connect_async, installed_schemes, register_backend
 from ._scheduling.clock import Clock, ManualClock, SystemClock
 from ._scheduling.events import EventKind, JobEvent
 from ._scheduling.jobs import Job, RunContext, current_run
+from ._scheduling.per_tick import once_per_tick
 from ._scheduling.scheduler import Scheduler
 from ._scheduling.triggers import Trigger, cron, daily, every, monthly, once, weekly
 from ._signal import LostSignal
@@ -31,11 +33,13 @@ from .abc import AsyncDistributedLock, AsyncLease, Capability, DistributedLock, 
 
 __all__ = [
     "AsyncDistributedLock",
+    "AsyncHold",
     "AsyncLease",
     "Capability",
     "Clock",
     "DistributedLock",
     "EventKind",
+    "Hold",
     "Job",
     "JobEvent",
     "Lease",
@@ -53,9 +57,11 @@ __all__ = [
     "daily",
     "errors",
     "every",
+    "hold",
     "installed_schemes",
     "monthly",
     "once",
+    "once_per_tick",
     "register_backend",
     "weekly",
 ]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from multilock.testing import server_url
+from multilock.testing import require_backends, server_url
 
 DEFAULT_URLS = {
     "postgres": "postgresql://postgres@127.0.0.1:5432/test",
@@ -149,3 +149,46 @@ def file_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 def memory_url(request: pytest.FixtureRequest) -> str:
     """A ``memory://`` URL on a namespace of this test session's own."""
     return server_url(request.config, f"memory://tests-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _faketime_env(offset: float) -> dict[str, str]:
+    """The environment that gives a process a clock ``offset`` s from true time.
+
+    The monotonic clocks stay true, as a skewed host's are. (libfaketime 0.9.10 then
+    makes Python's ``time.sleep`` fail with EINVAL; condition waits work, and offsetting
+    the monotonic clocks too breaks those instead.)"""
+    return {
+        # $LIB is the dynamic loader's own token: the library of the right architecture.
+        "LD_PRELOAD": "/usr/$LIB/faketime/libfaketimeMT.so.1",
+        "FAKETIME": f"{offset:+.3f}",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }
+
+
+@pytest.fixture(scope="session")
+def faketime(request: pytest.FixtureRequest) -> Callable[[float], dict[str, str]]:
+    """Skewed clocks for processes: ``faketime(offset)`` is the environment of a process
+    whose clock is ``offset`` s off (libfaketime: Debian's ``faketime``, which scripts/test
+    installs). Skips when it is missing -- fails when backends are required."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    works = shutil.which("faketime") is not None
+    if works:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import time; print(time.time())"],
+            env={**os.environ, **_faketime_env(1000.0)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        works = probe.returncode == 0 and float(probe.stdout) > time.time() + 900
+    if not works:
+        message = "libfaketime (Debian's faketime package) is not installed or does not work"
+        if require_backends(request.config):
+            pytest.fail(message)
+        pytest.skip(message)
+    return _faketime_env

@@ -39,7 +39,7 @@ def one_line_error(done: subprocess.CompletedProcess[str], code: int) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("command", ["run", "demo", "conformance", "locks", "key", "next"])
+@pytest.mark.parametrize("command", ["run", "demo", "conformance", "locks", "key", "next", "once"])
 def test_every_command_has_help(command: str) -> None:
     done = ml(command, "--help")
     assert done.returncode == 0, done.stderr
@@ -308,7 +308,10 @@ def test_nothing_but_the_testing_plugin_imports_a_test_package() -> None:
         ["--version"],
         ["key", "nightly-reindex"],
         ["next", "@daily", "-n", "1"],
-        *([command, "--help"] for command in ("run", "demo", "conformance", "locks", "next")),
+        *(
+            [command, "--help"]
+            for command in ("run", "demo", "conformance", "locks", "next", "once")
+        ),
     ],
 )
 def test_the_cli_runs_without_test_packages(args: list[str]) -> None:

@@ -30,6 +30,7 @@ from .._signal import LostSignal
 from .._url import LockURL
 from ..abc import Capability, LockInfo
 from ..errors import InvalidLockName, LockLost, MultilockError
+from .holds import AsyncHold, Hold
 from .outcome import Outcome, finish_shielded, in_task, undo_on_cancel, wait_finished
 
 __all__ = [
@@ -305,6 +306,18 @@ class LockerBase(_LockerCommon):
         """A lease or ``None`` per name, in order. On error, nothing stays held."""
         return self._try_acquire_many(self._names(names), self._ttl(ttl))
 
+    def hold(
+        self,
+        name: str,
+        *,
+        at_least: Duration | None = None,
+        at_most: Duration | None = None,
+        since: datetime | float | None = None,
+    ) -> Hold:
+        """``with locker.hold(name, at_least=..., at_most=...) as lease``: ShedLock's
+        lock-at-least / lock-at-most-for (see :func:`multilock.hold`)."""
+        return Hold(self, name, at_least=at_least, at_most=at_most, since=since)
+
     def close(self) -> None:
         """Release every lease still held and close the connection. Idempotent."""
         if not self._closed:
@@ -389,6 +402,19 @@ class AsyncLockerBase(_LockerCommon):
         the backend cannot start it at once. Whoever drops the outcome unread must
         still release what it grants (:func:`undo_on_cancel` does)."""
         return self._start_try_acquire_many(self._names(names), self._ttl(ttl))
+
+    # sync-by-hand: the sync form's hold is a `with` block, this one's `async with`
+    def hold(
+        self,
+        name: str,
+        *,
+        at_least: Duration | None = None,
+        at_most: Duration | None = None,
+        since: datetime | float | None = None,
+    ) -> AsyncHold:
+        """``async with locker.hold(name, at_least=..., at_most=...) as lease``: ShedLock's
+        lock-at-least / lock-at-most-for (see :func:`multilock.hold`)."""
+        return AsyncHold(self, name, at_least=at_least, at_most=at_most, since=since)
 
     # sync-by-hand: the async close is shielded from the caller's cancellation
     async def aclose(self) -> None:

@@ -1,0 +1,1 @@
+"""A Django project running multilock jobs: a management command, or in-process."""

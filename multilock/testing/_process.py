@@ -8,7 +8,12 @@ import signal
 import sys
 from types import TracebackType
 
-__all__ = ["START_TIMEOUT", "Child"]
+__all__ = ["START_TIMEOUT", "URL_FROM_STDIN", "Child"]
+
+URL_ENV = "MULTILOCK_URL"
+"""The environment variable of the suite's URLs (whitespace-separated)."""
+URL_FROM_STDIN = "-"
+"""The child's URL argument when the URL is the first line of its stdin."""
 
 START_TIMEOUT = 30.0
 """Seconds a child may take to start Python, import multilock and answer."""
@@ -16,26 +21,35 @@ START_TIMEOUT = 30.0
 
 class Child:
     """One ``python -m multilock.testing._child`` process (an async context manager
-    that kills the process on exit, whatever happened)."""
+    that kills the process on exit, whatever happened).
+
+    ``args`` are the child's arguments, ``KIND URL COMMAND NAME ...``; the URL goes
+    down the child's stdin, never on its command line or in its environment, where a
+    password in it would be anyone's to read (``ps``, ``/proc``).
+    """
 
     def __init__(self, *args: str) -> None:
         self.args = args
         self._proc: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> Child:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != URL_ENV}
         # The child imports what this process imports (a source checkout, say).
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        kind, url, *rest = self.args
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "multilock.testing._child",
-            *self.args,
+            kind,
+            URL_FROM_STDIN,
+            *rest,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
         )
+        await self.send(url)
         return self
 
     async def __aexit__(

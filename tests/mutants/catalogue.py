@@ -245,8 +245,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         _SCHEDULER,
         (
             (
-                "        if late > due.job.misfire_grace:\n            self._emit(",
-                "        if late > due.job.misfire_grace + 3600:\n            self._emit(",
+                "        if late > due.job.misfire_grace:\n            self._miss(",
+                "        if late > due.job.misfire_grace + 3600:\n            self._miss(",
             ),
         ),
     ),

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -27,7 +28,7 @@ from .events import EventKind
 from .jobs import Job, RunContext, start_run
 from .run_states import JobState, RunLifecycle, RunState
 
-__all__ = ["Host", "Run", "begin", "wait_quietly"]
+__all__ = ["Emit", "Run", "RunHost", "begin", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -49,12 +50,10 @@ def begin(
         return failed
 
 
-class Host(Protocol):
-    """What a run needs of its scheduler."""
+class Emit(Protocol):
+    """Report an event of a run (here: how the body ended)."""
 
-    clock: Clock
-
-    def _emit(
+    def __call__(
         self,
         kind: EventKind,
         job: Job,
@@ -65,21 +64,25 @@ class Host(Protocol):
         error: BaseException | None = None,
         reason: str | None = None,
     ) -> None:
-        """Report an event of the run (here: how the body ended)."""
+        """Report ``kind`` for the tick ``fire`` of ``job``."""
 
-    def _hold_until(self, job: Job, fire: datetime) -> float:
-        """When (by the clock) the lease of the tick ``fire`` may be released."""
 
-    @property
-    def _hold_timers(self) -> SharedTimers[Run]:
-        """Where a run's hold waits for its end (``Run.hold_ended`` at the deadline): one
-        timer shared by the runs whose holds end at the same time."""
+@dataclass(frozen=True, slots=True)
+class RunHost:
+    """What a run needs of its scheduler, and all it may use of it (the scheduler makes
+    one, of its own methods)."""
 
-    def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
-        """Release ``lease`` (soon, on the loop), then call ``then()``."""
-
-    def _run_finished(self, run: Run) -> None:
-        """The run is over: body, hold and release."""
+    clock: Clock
+    emit: Emit
+    hold_until: Callable[[Job, datetime], float]
+    """When (by the clock) the lease of the tick ``fire`` of ``job`` may be released."""
+    hold_timers: Callable[[], SharedTimers[Run]]
+    """Where a run's hold waits for its end (``Run.hold_ended`` at the deadline): one
+    timer shared by the runs whose holds end at the same time."""
+    release_later: Callable[[AsyncLease, Callable[[], object]], None]
+    """Release ``lease`` (soon, on the loop), then call ``then()``."""
+    run_finished: Callable[[Run], None]
+    """The run is over: body, hold and release."""
 
 
 class Run:
@@ -111,7 +114,7 @@ class Run:
 
     def __init__(
         self,
-        host: Host,
+        host: RunHost,
         life: RunLifecycle[JobState],
         lease: AsyncLease | None,
         lost: LostSignal | None,
@@ -157,7 +160,7 @@ class Run:
         if self.body is None or self.started is not None:
             return
         self.started = at
-        self._host._emit(EventKind.STARTED, self.job, self.fire, delay=at - self.fire.timestamp())
+        self._host.emit(EventKind.STARTED, self.job, self.fire, delay=at - self.fire.timestamp())
         if self._cut is None:
             self._arm_timeout(at)
 
@@ -207,7 +210,7 @@ class Run:
             error = body.exception()
             kind = EventKind.SUCCEEDED if error is None else EventKind.FAILED
         duration = None if self.started is None else self._host.clock.now() - self.started
-        self._host._emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
+        self._host.emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
         if self.life.over:
             return  # ended at shutdown just before: the scheduler releases its lease
         if self.lease is not None and kind is not EventKind.LEASE_LOST:
@@ -229,8 +232,8 @@ class Run:
         self.life.hold()
         state.holder = self  # holding ``lease``, which is ``self.lease``
         state.notify()
-        self._hold_end = self._host._hold_until(self.job, self.fire)
-        self._host._hold_timers.add(self._hold_end, self)
+        self._hold_end = self._host.hold_until(self.job, self.fire)
+        self._host.hold_timers().add(self._hold_end, self)
 
     def handed_over(self) -> None:
         """The next tick's run took the lease over (``_JobState.take_hold``): the hold
@@ -249,7 +252,7 @@ class Run:
     def _end_hold(self) -> None:
         until, self._hold_end = self._hold_end, None
         if until is not None:
-            self._host._hold_timers.discard(until, self)
+            self._host.hold_timers().discard(until, self)
 
     # --- the end ----------------------------------------------------------------------
 
@@ -258,7 +261,7 @@ class Run:
             self._finish(settle=True)
         else:
             self.life.release()
-            self._host._release_later(self.lease, self._finish_settled)
+            self._host.release_later(self.lease, self._finish_settled)
 
     def _finish_settled(self) -> None:
         if self.life.state is RunState.RELEASING:  # else aborted meanwhile, at shutdown
@@ -274,7 +277,7 @@ class Run:
             self._keepalive.cancel()
         if settle:
             self.life.job_state.settle()
-        self._host._run_finished(self)
+        self._host.run_finished(self)
 
     def abort(self) -> None:
         """Shutdown past its stop timeout: stop the body without waiting for it (a stuck

@@ -41,7 +41,7 @@ from .metrics import Recorder, metrics_listener
 from .queue import FireQueue
 from .repeats import Repeats
 from .run_states import RunLifecycle
-from .runs import Run, begin, wait_quietly
+from .runs import Run, RunHost, begin, wait_quietly
 from .service import Service
 from .triggers import Trigger
 from .walltime import as_timezone
@@ -234,6 +234,14 @@ class Scheduler(Service):
         self._flushing = False
         self._quiet: asyncio.Future[None] | None = None  # stop() waits on it
         self._timers: SharedTimers[Run] | None = None  # made on the loop, for its clock
+        self._run_host = RunHost(
+            self.clock,
+            self._emit,
+            self._hold_until,
+            self._hold_timers,
+            self._release_later,
+            self._run_finished,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: FireQueue[_JobState] = FireQueue()  # the loop's: by next fire time
         self._armed: tuple[float, Callable[[], object]] | None = None  # its timer: when, cancel
@@ -835,7 +843,7 @@ class Scheduler(Service):
                 if extend and lease is not None
                 else None
             )
-            watched = Run(self, due, lease, lost, run, body, started, loop)
+            watched = Run(self._run_host, due, lease, lost, run, body, started, loop)
             self._active.add(watched)
             if starting is not None:
                 starting.run = watched
@@ -888,7 +896,7 @@ class Scheduler(Service):
             log.error("scheduler bug in a run", exc_info=task.exception())
         self._check_quiet()
 
-    # --- what a Run asks of its scheduler (multilock._scheduling.runs.Host) ---------------
+    # --- what a Run asks of its scheduler (its RunHost, made in __init__) -----------------
 
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """``fire + hold_span``, never past the next fire time: a replica firing this
@@ -907,7 +915,6 @@ class Scheduler(Service):
             following = job.next_fire(fire)
         return until if following is None else min(until, following.timestamp())
 
-    @property
     def _hold_timers(self) -> SharedTimers[Run]:
         if self._timers is None:
             self._timers = SharedTimers(self.clock, Run.hold_ended)

@@ -138,3 +138,17 @@ def test_the_url_of_the_documentation_works(tls_etcd: Callable[..., TLSEtcd]) ->
         k: v.replace("/etc/multilock/", f"{server.ca}/") for k, v in documented.options.items()
     }
     works(f"etcd://localhost:{server.port}{documented.path}?{urlencode(options)}")
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_handshake_with_a_frozen_server_is_bounded(
+    tls_etcd: Callable[..., TLSEtcd], api: str
+) -> None:
+    # The kernel completes the TCP handshake; the TLS one gets no answer.
+    server = tls_etcd()
+    server.freeze()
+    try:
+        error = refused(url(server), api)
+    finally:
+        server.thaw()
+    assert "no answer in time" in str(error) or "timed out" in str(error), error

@@ -174,9 +174,21 @@ class PrivateServer:
                 self.proc.wait()
 
     def freeze(self) -> None:
-        """SIGSTOP: the kernel still accepts bytes for it, nothing answers."""
+        """SIGSTOP: the kernel still accepts bytes for it, nothing answers. Returns once
+        every thread of it is stopped (a thread running on another core at the signal
+        could otherwise still answer one more round trip)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        poll(
+            "every thread of the server stopped",
+            lambda: all(
+                (task / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt"
+                for task in tasks.iterdir()
+            ),
+            within=5,
+            not_yet=(OSError,),  # a thread that ended as we looked
+        )
 
     def thaw(self) -> None:
         """SIGCONT."""

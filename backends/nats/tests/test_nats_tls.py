@@ -174,3 +174,17 @@ def test_the_url_of_the_documentation_works(
         k: v.replace("/etc/multilock/", f"{test_ca}/") for k, v in documented.options.items()
     }
     works(f"nats://localhost:{server.port}{documented.path}?{urlencode(options)}")
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_connecting_to_a_frozen_tls_server_is_bounded(
+    private_nats: Callable[..., PrivateNats], test_ca: Path, api: str
+) -> None:
+    # The kernel completes the TCP handshake; neither the greeting nor TLS come.
+    server = private_nats(*tls_flags(test_ca))
+    server.freeze()
+    try:
+        error = refused(url(server, test_ca), api)
+    finally:
+        server.thaw()
+    assert "no answer in time" in str(error), error

@@ -22,7 +22,6 @@ __all__ = [
     "fences_newer",
     "lost_signal",
     "renewal_keeps_long_job_exclusive",
-    "stale_holder_is_noop",
     "ttl_lease_expires",
 ]
 
@@ -76,20 +75,6 @@ async def ttl_lease_expires(h: Harness) -> None:
     """A lease that is neither released nor extended ends after its ttl, not before."""
     _stale, fresh, _name, _elapsed = await _expire_and_take(h, "expire")
     assert await h.api.release(fresh) is True
-
-
-async def stale_holder_is_noop(h: Harness) -> None:
-    """Release and extend by a holder whose lease expired never touch the new holder."""
-    stale, fresh, name, _elapsed = await _expire_and_take(h, "stale")
-    fences_newer(h, stale, fresh)
-    released = await h.api.release(stale)
-    await h.assert_held(name, "after a stale holder released: release is a blind delete")
-    assert released is False, "a stale holder's release() returned True"
-    with pytest.raises(LockLost):
-        await h.api.extend(stale)
-    await h.assert_held(name, "after a stale holder extended it")
-    assert fresh.held
-    assert await h.api.release(fresh) is True, "the new holder could not release its lease"
 
 
 async def extend_keeps_lease(h: Harness) -> None:

@@ -18,6 +18,7 @@ import pytest
 from . import _checks_basic as basic
 from . import _checks_cancel as cancel
 from . import _checks_contention as contention
+from . import _checks_names as names
 from . import _checks_process as process
 from . import _checks_stale as stale
 from . import _checks_ttl as ttl
@@ -93,6 +94,11 @@ class ConformanceTests:
     def test_awkward_names(self, multilock: Harness) -> None:
         """Awkward names work and stay distinct, or raise InvalidLockName."""
         multilock.run(basic.names_awkward)
+
+    def test_near_equal_names(self, multilock: Harness) -> None:
+        """A corpus of near-equal names, held at once across lockers, maps to distinct
+        locks: no case folding, normalization, stripping, truncation or small hash."""
+        multilock.run(names.names_near_equal)
 
     def test_try_acquire_many(self, multilock: Harness) -> None:
         """try_acquire_many: a result per name in order, duplicates refused."""

@@ -18,7 +18,9 @@ import pytest
 from . import _checks_basic as basic
 from . import _checks_cancel as cancel
 from . import _checks_contention as contention
+from . import _checks_names as names
 from . import _checks_process as process
+from . import _checks_stale as stale
 from . import _checks_ttl as ttl
 from ._harness import Harness
 
@@ -93,6 +95,11 @@ class ConformanceTests:
         """Awkward names work and stay distinct, or raise InvalidLockName."""
         multilock.run(basic.names_awkward)
 
+    def test_near_equal_names(self, multilock: Harness) -> None:
+        """A corpus of near-equal names, held at once across lockers, maps to distinct
+        locks: no case folding, normalization, stripping, truncation or small hash."""
+        multilock.run(names.names_near_equal)
+
     def test_try_acquire_many(self, multilock: Harness) -> None:
         """try_acquire_many: a result per name in order, duplicates refused."""
         multilock.run(basic.try_acquire_many)
@@ -114,8 +121,14 @@ class ConformanceTests:
         multilock.run(ttl.ttl_lease_expires)
 
     def test_stale_holder_cannot_release_or_extend(self, multilock: Harness) -> None:
-        """TTL: an expired holder's release/extend never touch the new holder."""
-        multilock.run(ttl.stale_holder_is_noop)
+        """TTL: an expired holder's release/extend, in every order, never touch the new
+        holder (another locker of the same process)."""
+        multilock.run(stale.stale_in_process)
+
+    def test_stale_holders_across_processes(self, multilock: Harness) -> None:
+        """TTL+CROSS_PROCESS: stale holders' operations, in every order, never touch new
+        holders in the same, another or a freshly started process."""
+        multilock.run(stale.stale_across_processes)
 
     def test_extend_keeps_lease(self, multilock: Harness) -> None:
         """TTL: extending keeps a lease exclusive for several ttls."""

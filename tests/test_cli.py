@@ -558,7 +558,8 @@ def test_conformance_children_never_see_the_url_in_argv_or_environ(postgres_url:
     url = re.sub(r"^postgresql://([^@:/]+)@", rf"postgresql://\1:{secret}@", postgres_url)
     assert secret in url
     process = subprocess.Popen(
-        [sys.executable, "-m", "multilock", "conformance", "-k", "across_processes or stale_holders_across", url],
+        [sys.executable, "-m", "multilock", "conformance", "-k",
+         "across_processes or stale_holders_across", url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     seen: dict[int, bytes] = {}

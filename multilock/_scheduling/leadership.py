@@ -9,6 +9,7 @@ of its own).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import math
@@ -112,9 +113,11 @@ class Campaign:
     that returns an awaitable has it run as a task for the term). It ends when the
     lease is lost (its ``lost`` signal, or found released underneath: a closed locker)
     or at :meth:`release`: ``revoked`` fires at once, the term's task is cancelled and
-    awaited, ``on_revoked`` is called (awaited if it returns an awaitable), then the
-    lease is released -- in that order, so that the work has stopped before another
-    replica can be elected. After a lost term the campaign backs off one poll, then
+    awaited, ``on_revoked`` is called (awaited if it returns an awaitable), then (at
+    :meth:`release`) the lease is released -- in that order, so that the work has
+    stopped before another replica can be elected. A lost lease is left to the
+    backend: "lost" may mean "not confirmed", and the scheduler's runs under it may
+    still be stopping. After a lost term the campaign backs off one poll, then
     competes again.
     """
 
@@ -176,7 +179,7 @@ class Campaign:
 
     async def release(self, reason: str = "released") -> None:
         """Step down (at shutdown): end the term, if any, and release the lease."""
-        await finish_shielded(self._end(reason))
+        await finish_shielded(self._end(reason, release=True))
 
     async def _try_acquire(self) -> AsyncLease | None:
         try:
@@ -203,7 +206,7 @@ class Campaign:
         self._log.warning(
             "leadership of %s lost: %s", self.name, reason, extra={"replica_id": self.replica_id}
         )
-        await finish_shielded(self._end(reason))
+        await finish_shielded(self._end(reason, release=False))
 
     def _begin(self, lease: AsyncLease) -> None:
         self.lease, self.since = lease, self.clock.now()
@@ -241,7 +244,7 @@ class Campaign:
         finally:
             lost.cancel()
 
-    async def _end(self, reason: str) -> None:
+    async def _end(self, reason: str, *, release: bool) -> None:
         lease, self.lease = self.lease, None
         if lease is None:
             return
@@ -258,9 +261,9 @@ class Campaign:
                     await stopping
                 except Exception:
                     self._log.exception("on_revoked failed")
+        if not release:
+            return
         try:
-            # A lost lease too: "lost" may mean "not confirmed", and a release is a
-            # compare-and-delete that frees the name for the next leader at once.
             await lease.release()
         except Exception as exc:
             self._log.warning("releasing the leader lease failed: %s", masked_line(exc))
@@ -461,7 +464,12 @@ class Leadership:
 
     async def _serve(self, started: threading.Event) -> None:
         loop, done = asyncio.get_running_loop(), asyncio.Event()
-        self._stop = lambda: loop.call_soon_threadsafe(done.set)
+
+        def stop() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is over already (it failed)
+                loop.call_soon_threadsafe(done.set)
+
+        self._stop = stop
         try:
             async with self._lead:
                 started.set()

@@ -36,7 +36,7 @@ from .jobs import (
     make_job,
     validate_schedule,
 )
-from .leadership import Leadership, keep_alive, needs_keep_alive
+from .leadership import Campaign, keep_alive, needs_keep_alive
 from .metrics import Recorder, metrics_listener
 from .queue import FireQueue
 from .repeats import Repeats
@@ -247,7 +247,7 @@ class Scheduler(Service):
         self._armed: tuple[float, Callable[[], object]] | None = None  # its timer: when, cancel
         self._stopping = False
         self._leadership = (
-            Leadership(
+            Campaign(
                 self._locker,
                 leader_name,
                 ttl=self.lease_ttl,

@@ -22,6 +22,7 @@ from . import _checks_names as names
 from . import _checks_process as process
 from . import _checks_stale as stale
 from . import _checks_ttl as ttl
+from . import _checks_wait as wait
 from ._harness import Harness
 
 __all__ = ["ConformanceTests"]
@@ -157,3 +158,25 @@ class ConformanceTests:
     def test_unreachable_backend_raises(self, multilock: Harness) -> None:
         """An unreachable backend raises BackendUnavailable promptly, never None."""
         multilock.run(process.unreachable_raises)
+
+    # --- the waiting acquire (issue 19) ----------------------------------------------
+
+    def test_acquire_free_name_at_once(self, multilock: Harness) -> None:
+        """acquire() on a free name returns a lease at once, whatever its timeout."""
+        multilock.run(wait.acquire_free_at_once)
+
+    def test_acquire_waits_for_release(self, multilock: Harness) -> None:
+        """acquire() on a held name waits, and gets it soon after the release."""
+        multilock.run(wait.acquire_waits_for_release)
+
+    def test_acquire_times_out_leaving_nothing(self, multilock: Harness) -> None:
+        """acquire() raises LockTimeout in about its timeout; nothing stays held or queued."""
+        multilock.run(wait.acquire_times_out)
+
+    def test_acquire_cancelled_leaves_nothing(self, multilock: Harness) -> None:
+        """A cancelled acquire() leaves nothing held or queued, even racing a release (async)."""
+        multilock.run(wait.acquire_cancelled_leaves_nothing)
+
+    def test_acquire_serves_every_waiter(self, multilock: Harness) -> None:
+        """20 waiters on one name each get it, one at a time, within a bound."""
+        multilock.run(wait.waiters_all_served)

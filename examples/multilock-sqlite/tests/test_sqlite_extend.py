@@ -6,18 +6,21 @@ import asyncio
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import multilock
+from multilock.abc import SupportsLocks
 
 
 def _remaining(path: Path, name: str) -> float:
     """Seconds until the row of ``name`` expires, as another process would read it."""
     with multilock.connect(f"sqlite:///{path}") as viewer:
-        found = viewer.locks()
+        found = cast(SupportsLocks, viewer).locks()
     for info in found:
         if info.name == name:
             assert info.expires_at is not None
-            return (info.expires_at - datetime.now(UTC)).total_seconds()
+            left: float = (info.expires_at - datetime.now(UTC)).total_seconds()
+            return left
     raise AssertionError(f"{name!r} is not held")
 
 

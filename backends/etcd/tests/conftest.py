@@ -125,14 +125,15 @@ class PrivateEtcd:
         except (ProcessLookupError, FileNotFoundError):
             pass
 
-    def etcdctl(self, *args: str) -> str:
-        """Run etcdctl against this server; its output."""
+    def etcdctl(self, *args: str, stdin: str | None = None) -> str:
+        """Run etcdctl against this server (``stdin`` its input); its output."""
         done = subprocess.run(
             ["etcdctl", f"--endpoints={self.endpoint}", *args],
             env={**os.environ, "ETCDCTL_API": "3"},
             check=True,
             capture_output=True,
             text=True,
+            input=stdin,
         )
         return done.stdout
 

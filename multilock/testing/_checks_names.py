@@ -50,6 +50,8 @@ TRUNCATIONS = (
 )
 """Byte lengths at which a truncating backend would cut names."""
 
+_SPLIT_CHARACTER = (64, 128, 255, 256)
+
 HASH_COLLISIONS = {
     "crc32": ("TbCKtziL", "5DZKXy3h"),
     "adler32": ("XmewmLLo", "wuIaYAyl"),
@@ -102,8 +104,9 @@ def families(tag: str) -> dict[str, list[str]]:
         base = f"{tag}-t{size}-"
         if len(base) < size:  # shorter cuts merge every name of the tag: caught anyway
             base += "." * (size - len(base))
-            found[f"first-{size}-bytes"] = [base, base + "x", base + "é", base[:-1] + "é"]
-            found[f"first-{size}-bytes"].append(base[:-1] + "è")
+            found[f"first-{size}-bytes"] = [base, base + "x"]
+            if size in _SPLIT_CHARACTER:  # a cut inside a character, decoded leniently
+                found[f"first-{size}-bytes"] += [base[:-1] + "é", base[:-1] + "è"]
         fill = "." * size
         found[f"last-{size}-bytes"] = [f"{tag}-s{size}a{fill}", f"{tag}-s{size}b{fill}"]
     return found
@@ -132,8 +135,10 @@ async def names_near_equal(h: Harness) -> None:
                 held[name] = lease
     if h.kind == "sync":
         bulk = [f"{tag}-r{i:x}" for i in range(BULK)]
-        for i, start in enumerate(range(0, BULK, 256)):
-            chunk = bulk[start : start + 256]
+        # Small batches: a backend without BATCH takes them one by one, and any
+        # try_acquire_many must answer within TRY_LIMIT.
+        for i, start in enumerate(range(0, BULK, 32)):
+            chunk = bulk[start : start + 32]
             got = await h.api.try_acquire_many(lockers[i % LOCKERS], chunk)
             merged += [f"bulk: {name!r} refused" for name, lease in got.items() if lease is None]
             held.update({name: lease for name, lease in got.items() if lease is not None})

@@ -78,8 +78,16 @@ async def replica(
             scheduler.add_job(body, second, name=f"{prefix}-long", args=(f"{prefix}-long", 1.3))
             off_grid = multilock.every(seconds=1, start=OFF_GRID)
             scheduler.add_job(body, off_grid, name=f"{prefix}-offset", args=(f"{prefix}-offset",))
+        scheduler.add_listener(missed_to_stderr)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, scheduler.request_stop)
         await scheduler.serve(started=lambda: print("ready", flush=True))
+
+
+def missed_to_stderr(event: multilock.JobEvent) -> None:
+    """Say every missed tick and why on stderr: the test quotes them when a tick is missing."""
+    if event.kind is multilock.EventKind.MISSED:
+        fire_ms = round(event.fire_time.timestamp() * 1000)
+        print(f"missed {event.job} {fire_ms} {event.reason}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> None:

@@ -553,6 +553,39 @@ def test_demo_replicas_never_see_the_url_in_argv_or_environ(postgres_url: str) -
     assert "4 ticks, 4 runs, 0 duplicates, 0 missed" in out
 
 
+def test_conformance_children_never_see_the_url_in_argv_or_environ(postgres_url: str) -> None:
+    secret = "hunter2secret"
+    url = re.sub(r"^postgresql://([^@:/]+)@", rf"postgresql://\1:{secret}@", postgres_url)
+    assert secret in url
+    process = subprocess.Popen(
+        [sys.executable, "-m", "multilock", "conformance", "-k",
+         "across_processes or stale_holders_across", url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    seen: dict[int, bytes] = {}
+    deadline = time.monotonic() + 120
+    try:
+        while process.poll() is None:
+            assert time.monotonic() < deadline, "the conformance run did not end"
+            for pid in _children(process.pid):
+                try:
+                    text = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    text += b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+                except OSError:
+                    continue  # ended meanwhile
+                if b"multilock.testing._child" in text or b"multilock.testing._serve" in text:
+                    seen[pid] = text
+            time.sleep(0.02)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, out + err
+    assert len(seen) >= 4, seen.keys()  # 4 processes a check, sync and async
+    for text in seen.values():
+        assert secret.encode() not in text
+    assert secret not in out + err
+
+
 def test_a_failing_replica_is_one_line(tmp_path: Path) -> None:
     directory = tmp_path / "locks"
     process = subprocess.Popen(

@@ -3,6 +3,9 @@
     python -m multilock.testing._child sync|async URL hold NAME TTL
     python -m multilock.testing._child sync|async URL count NAME ROUNDS PATH
 
+A URL of ``-`` is read from the first line of stdin (how the suite passes it: a
+password must not show in the process list).
+
 ``hold`` takes NAME (TTL seconds, or ``-`` for the default), prints
 ``acquired <fencing token>``, then obeys stdin lines: ``release`` (prints
 ``released True|False``), ``extend`` (prints ``extended`` or
@@ -90,6 +93,8 @@ def _write(path: str, value: int) -> None:
 
 async def _main(argv: list[str]) -> None:
     kind, url, command, name, *rest = argv
+    if url == "-":
+        url = sys.stdin.readline().strip()
     api = make_api(kind, url)
     try:
         if command == "hold":

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
 from types import TracebackType
+from typing import Any
 
-__all__ = ["START_TIMEOUT", "Child"]
+__all__ = ["START_TIMEOUT", "URL_FROM_STDIN", "Child"]
+
+URL_ENV = "MULTILOCK_URL"
+"""The environment variable of the suite's URLs (whitespace-separated)."""
+URL_FROM_STDIN = "-"
+"""The child's URL argument when the URL is the first line of its stdin."""
 
 START_TIMEOUT = 30.0
 """Seconds a child may take to start Python, import multilock and answer."""
@@ -16,26 +23,36 @@ START_TIMEOUT = 30.0
 
 class Child:
     """One ``python -m multilock.testing._child`` process (an async context manager
-    that kills the process on exit, whatever happened)."""
+    that kills the process on exit, whatever happened).
 
-    def __init__(self, *args: str) -> None:
+    ``args`` are the child's arguments, ``KIND URL COMMAND NAME ...``; the URL goes
+    down the child's stdin, never on its command line or in its environment, where a
+    password in it would be anyone's to read (``ps``, ``/proc``).
+    """
+
+    def __init__(self, *args: str, module: str = "multilock.testing._child") -> None:
         self.args = args
+        self.module = module
         self._proc: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> Child:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != URL_ENV}
         # The child imports what this process imports (a source checkout, say).
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        kind, url, *rest = self.args
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "multilock.testing._child",
-            *self.args,
+            self.module,
+            kind,
+            URL_FROM_STDIN,
+            *rest,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
         )
+        await self.send(url)
         return self
 
     async def __aexit__(
@@ -79,6 +96,15 @@ class Child:
         assert self._proc.stdin is not None
         self._proc.stdin.write(command.encode() + b"\n")
         await self._proc.stdin.drain()
+
+    async def ask(self, patience: float = START_TIMEOUT, **request: Any) -> dict[str, Any]:
+        """One JSON request to a :mod:`multilock.testing._serve` child: its answer,
+        which fails the check when it is an error."""
+        await self.send(json.dumps(request))
+        answer: dict[str, Any] = json.loads("{" + await self.expect("{", patience))
+        if "error" in answer:
+            raise AssertionError(f"child {self.module} failed {request['do']!r}: {answer['error']}")
+        return answer
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` (SIGKILL, SIGSTOP, SIGCONT...) unless the child is gone."""

@@ -16,9 +16,10 @@ import pytest
 
 from multilock.backend import mask_url
 
+from ._process import URL_ENV
+
 __all__ = ["SUITE_MODULE", "URL_ENV", "urls"]
 
-URL_ENV = "MULTILOCK_URL"
 SUITE_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_plugin_suite.py")
 """The file collected when URLs are given."""
 

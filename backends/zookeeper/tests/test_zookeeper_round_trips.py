@@ -18,8 +18,8 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 
-DELAY = 0.15
-ONE_TRIP = 1.8 * DELAY  # a second round trip would need 2 * DELAY
+DELAY = 0.4
+ONE_TRIP = 1.7 * DELAY  # a second round trip would need 2 * DELAY (0.28 s spare for a busy host)
 
 
 @pytest.fixture

@@ -303,6 +303,24 @@ def test_a_failing_callback_is_logged_and_the_term_goes_on(
     assert any("on_elected failed" in r.getMessage() for r in caplog.records)
 
 
+def test_a_closed_locker_revokes_and_its_failing_polls_are_logged_once(
+    memory_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        locker = multilock.connect_async(memory_url)
+        async with multilock.leadership(locker, name(), poll=POLL, jitter=0) as lead:
+            await lead.elected
+            await locker.aclose()
+            async with asyncio.timeout(TAKEOVER):
+                assert "released underneath" in await lead.revoked
+            await asyncio.sleep(5 * POLL)  # five polls, each refused: the locker is closed
+
+    with caplog.at_level("WARNING", logger="multilock.leadership"):
+        asyncio.run(scenario())
+    failed = [r for r in caplog.records if "could not be asked" in r.getMessage()]
+    assert len(failed) == 1
+
+
 def test_waiting_to_be_elected_is_bounded_with_asyncio_timeout(memory_url: str) -> None:
     """A standby that gives up leaves the block: its campaign stops, the leader leads on."""
     lock, terms = name(), Terms()

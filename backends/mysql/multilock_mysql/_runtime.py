@@ -23,6 +23,12 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
+import aiomysql
+import pymysql
+from pymysql.constants import CLIENT
+
+from ._config import Settings
+
 __all__ = [
     "AsyncBound",
     "AsyncGuard",
@@ -32,8 +38,10 @@ __all__ = [
     "Guard",
     "Mutex",
     "Watch",
+    "async_connect",
     "async_hang_up",
     "async_is_open",
+    "connect",
     "hang_up",
     "is_open",
 ]
@@ -189,6 +197,56 @@ class AsyncBound:
 
 
 # -- connections --------------------------------------------------------------------------
+
+_CR_SSL_CONNECTION_ERROR = 2026
+
+
+def _insist_on_tls(conn: Any, required: bool) -> None:
+    """Before the credentials go out: refuse a server that does not offer TLS when the
+    URL's ``ssl_mode`` insists on it. Both drivers would go on in clear (aiomysql always,
+    PyMySQL before 1.2), and a man in the middle can take the offer out."""
+    if required and not conn.server_capabilities & CLIENT.SSL:
+        raise pymysql.err.OperationalError(
+            _CR_SSL_CONNECTION_ERROR, "the server does not offer TLS, which ssl_mode requires"
+        )
+    # PyMySQL >= 1.2 insists whenever given a context; ssl_mode=preferred does not.
+    conn._ssl_required = required
+
+
+class _Connection(pymysql.connections.Connection):
+    """PyMySQL's connection, refusing a server without TLS where the URL insists."""
+
+    def __init__(self, tls_required: bool, **kwargs: Any) -> None:
+        self._tls_required = tls_required
+        super().__init__(**kwargs)
+
+    def _request_authentication(self) -> None:
+        _insist_on_tls(self, self._tls_required)
+        super()._request_authentication()  # type: ignore[misc]
+
+
+class _AsyncConnection(aiomysql.Connection):  # type: ignore[misc]
+    """aiomysql's connection, refusing a server without TLS where the URL insists."""
+
+    def __init__(self, tls_required: bool, **kwargs: Any) -> None:
+        self._tls_required = tls_required
+        super().__init__(**kwargs)
+
+    async def _request_authentication(self) -> None:
+        _insist_on_tls(self, self._tls_required)
+        await super()._request_authentication()
+
+
+def connect(settings: Settings) -> pymysql.Connection[Any]:
+    """A PyMySQL session to the server of ``settings``, with TLS as its ``ssl_mode`` says."""
+    return _Connection(settings.tls_required, **settings.sync_connect_kwargs())
+
+
+async def async_connect(settings: Settings) -> Any:
+    """An aiomysql session to the server of ``settings``, with TLS as its ``ssl_mode`` says."""
+    conn = _AsyncConnection(settings.tls_required, **settings.async_connect_kwargs())
+    await conn._connect()  # what aiomysql.connect() does (it closes the socket on failure)
+    return conn
 
 
 def is_open(conn: Any) -> bool:

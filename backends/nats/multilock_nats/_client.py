@@ -26,6 +26,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import nats
 import nats.aio.client
@@ -37,7 +38,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from multilock.errors import MultilockError
 
 from ._config import NatsConfig
-from ._errors import NATS_ERRORS, WRONG_LAST_SEQUENCE
+from ._errors import NATS_ERRORS, WRONG_LAST_SEQUENCE, NoTLS
 
 __all__ = ["FENCE_HEADER", "Client", "Holder"]
 
@@ -63,6 +64,22 @@ async def _quiet(exc: Exception) -> None:
     """nats-py's error callback: the calls that fail report it; nothing to log here."""
 
 
+class _Connection(nats.aio.client.Client):
+    """nats-py's client, refusing a server whose greeting does not require TLS when the
+    URL asks for it. nats-py upgrades only when the greeting says ``tls_required``, and
+    would otherwise send CONNECT, credentials included, in clear: a man in the middle
+    can take that flag out of the greeting."""
+
+    def __init__(self, insist_on_tls: bool) -> None:
+        super().__init__()
+        self._insist_on_tls = insist_on_tls
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        if initial_connection and self._insist_on_tls and not info.get("tls_required"):
+            raise NoTLS
+        await super()._process_info(info, initial_connection)
+
+
 class Client:
     """A connection to the NATS servers of a URL, and its bucket, in one event loop."""
 
@@ -86,7 +103,7 @@ class Client:
             if self._nc is not None and self._js is not None and self._nc.is_connected:
                 return self._js
             await self._discard()
-            nc = nats.aio.client.Client()
+            nc = _Connection(insist_on_tls=self.config.ssl_context is not None)
             try:
                 async with asyncio.timeout(self.config.connect_timeout):
                     await nc.connect(

@@ -153,3 +153,48 @@ def test_a_key_deleted_by_a_kv_client_is_free(private_nats: Callable[..., Privat
         assert again.fencing_token > lease.fencing_token
         assert not lease.release()  # the first holder's purge cannot touch the new key
         assert again.release()
+
+
+async def _call(result: Any) -> Any:
+    """The value of a sync call, or of an async one awaited."""
+    return await result if asyncio.iscoroutine(result) else result
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize("operation", ["connect", "release", "extend", "locks"])
+def test_no_call_outlives_its_timeout_on_a_frozen_server(
+    private_nats: Callable[..., PrivateNats], api: str, operation: str
+) -> None:
+    """SIGSTOP: the kernel still completes TCP handshakes and takes bytes; nothing
+    answers. A new connection, a release, an extend and ``locks()`` each give up within
+    their timeout."""
+    server = private_nats()
+
+    async def attempt(locker: Any, lease: Any) -> object:
+        try:
+            if operation == "connect":
+                return await _call(locker.try_acquire("frozen"))
+            if operation == "locks":
+                return await _call(locker.locks())
+            return await _call(getattr(lease, operation)())
+        except MultilockError as exc:
+            return type(exc)
+
+    async def main() -> object:
+        connect = multilock.connect if api == "sync" else multilock.connect_async
+        locker: Any = connect(_url(server))
+        try:
+            lease = None if operation == "connect" else await _call(locker.try_acquire("held"))
+            server.freeze()
+            try:
+                start = time.monotonic()
+                outcome = await attempt(locker, lease)
+                elapsed = time.monotonic() - start
+                assert elapsed < PROMPT, f"{operation} took {elapsed:.2f}s"
+            finally:
+                server.thaw()
+        finally:
+            await _call(locker.close() if api == "sync" else locker.aclose())
+        return outcome
+
+    assert asyncio.run(main()) is BackendUnavailable

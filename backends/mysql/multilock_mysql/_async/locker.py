@@ -15,7 +15,6 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-import aiomysql
 from pymysql.err import MySQLError
 
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, Capability, LockInfo, LockURL
@@ -31,6 +30,7 @@ from .._runtime import (
     AsyncGuard,
     AsyncMutex,
     AsyncWatch,
+    async_connect,
     async_hang_up,
     async_is_open,
 )
@@ -358,7 +358,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
         conn: Any = None
         try:
             async with AsyncBound(settings.connect_timeout + settings.timeout):
-                conn = await aiomysql.connect(**settings.async_connect_kwargs())
+                conn = await async_connect(settings)
                 cursor = await conn.cursor()
                 if settings.fence is not None:
                     await self._ensure_fence(cursor, settings.fence)
@@ -451,7 +451,7 @@ class AsyncMySQLLocker(AsyncLockerBase):
         conn: Any = None
         try:
             async with AsyncBound(settings.connect_timeout + 2 * settings.timeout):
-                conn = await aiomysql.connect(**settings.async_connect_kwargs())
+                conn = await async_connect(settings)
                 cursor = await conn.cursor()
                 await cursor.execute(_introspect.PROBE)
                 source = _introspect.choose(settings.url, await cursor.fetchone())

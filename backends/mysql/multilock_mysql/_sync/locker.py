@@ -17,7 +17,6 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-import pymysql
 from pymysql.err import MySQLError
 
 from multilock.backend import Capability, LeaseBase, LockerBase, LockInfo, LockURL
@@ -33,6 +32,7 @@ from .._runtime import (
     Guard,
     Mutex,
     Watch,
+    connect,
     hang_up,
     is_open,
 )
@@ -358,7 +358,7 @@ class MySQLLocker(LockerBase):
         conn: Any = None
         try:
             with Bound(settings.connect_timeout + settings.timeout):
-                conn = pymysql.connect(**settings.sync_connect_kwargs())
+                conn = connect(settings)
                 cursor = conn.cursor()
                 if settings.fence is not None:
                     self._ensure_fence(cursor, settings.fence)
@@ -451,7 +451,7 @@ class MySQLLocker(LockerBase):
         conn: Any = None
         try:
             with Bound(settings.connect_timeout + 2 * settings.timeout):
-                conn = pymysql.connect(**settings.sync_connect_kwargs())
+                conn = connect(settings)
                 cursor = conn.cursor()
                 cursor.execute(_introspect.PROBE)
                 source = _introspect.choose(settings.url, cursor.fetchone())

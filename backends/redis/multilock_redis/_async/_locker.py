@@ -7,16 +7,22 @@ The sync API in ``_sync/`` is generated from this module by
 from __future__ import annotations
 
 import time
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Self
 
-from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
+from multilock.backend import AsyncLeaseBase, AsyncLockerBase, AsyncReleaseWatch, LockURL
 
 from .._common import RedisLockerCommon
+from .._config import AsyncClient
 from .._errors import REDIS_ERRORS, translate
+from .._keys import lock_key
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
 from ._cluster import new_link
+from ._lua import AsyncLink
 
-__all__ = ["AsyncRedisLease", "AsyncRedisLocker"]
+__all__ = ["AsyncRedisLease", "AsyncRedisLocker", "AsyncRedisWatch"]
 
 
 class AsyncRedisLease(AsyncLeaseBase):
@@ -194,6 +200,11 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
 
+    def _watch_released(self, name: str) -> AsyncReleaseWatch:
+        if not isinstance(self._link, AsyncLink):
+            return AsyncReleaseWatch()  # a cluster's waiters poll (see RELEASE)
+        return AsyncRedisWatch(self._link.client, lock_key(name, self.prefix))
+
     async def _close(self) -> None:
         keys, tokens = self._drop_all()
         try:
@@ -202,6 +213,44 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
             self._close_failed(exc, len(keys))
         finally:
             await self._link.aclose()
+
+
+class AsyncRedisWatch(AsyncReleaseWatch):
+    """A waiting acquire's watch: subscribed to the lock key's channel, on which the
+    release scripts publish. A pub/sub connection of the client's pool, for the wait
+    only; should it fail (an ACL without pub/sub, a dropped connection), the acquire
+    polls instead: the tries themselves report a Redis that cannot be asked."""
+
+    wakes = True
+
+    def __init__(self, client: AsyncClient, channel: str) -> None:
+        # redis-py types one API's pubsub() and the other's aclose(), not both.
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
+        self._channel = channel
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._pubsub.subscribe(self._channel)
+        except REDIS_ERRORS:
+            self.wakes = False
+        return self
+
+    async def wait(self, seconds: float) -> None:
+        """Until a release is published on the channel, or ``seconds`` have passed."""
+        if self.wakes:
+            try:
+                await self._pubsub.get_message(timeout=seconds)
+                return
+            except REDIS_ERRORS:
+                self.wakes = False
+        await super().wait(seconds)
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # Closing drops the connection, and the subscription with it.
+        with suppress(*REDIS_ERRORS):
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def _expiry(ttl: float) -> datetime:

@@ -9,16 +9,22 @@ The sync API in ``_sync/`` is generated from this module by
 from __future__ import annotations
 
 import time
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Self
 
-from multilock.backend import LeaseBase, LockerBase, LockURL
+from multilock.backend import LeaseBase, LockerBase, LockURL, ReleaseWatch
 
 from .._common import RedisLockerCommon
+from .._config import SyncClient
 from .._errors import REDIS_ERRORS, translate
+from .._keys import lock_key
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
 from ._cluster import new_link
+from ._lua import SyncLink
 
-__all__ = ["RedisLease", "RedisLocker"]
+__all__ = ["RedisLease", "RedisLocker", "RedisWatch"]
 
 
 class RedisLease(LeaseBase):
@@ -192,6 +198,11 @@ class RedisLocker(RedisLockerCommon, LockerBase):
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
 
+    def _watch_released(self, name: str) -> ReleaseWatch:
+        if not isinstance(self._link, SyncLink):
+            return ReleaseWatch()  # a cluster's waiters poll (see RELEASE)
+        return RedisWatch(self._link.client, lock_key(name, self.prefix))
+
     def _close(self) -> None:
         keys, tokens = self._drop_all()
         try:
@@ -200,6 +211,44 @@ class RedisLocker(RedisLockerCommon, LockerBase):
             self._close_failed(exc, len(keys))
         finally:
             self._link.close()
+
+
+class RedisWatch(ReleaseWatch):
+    """A waiting acquire's watch: subscribed to the lock key's channel, on which the
+    release scripts publish. A pub/sub connection of the client's pool, for the wait
+    only; should it fail (an ACL without pub/sub, a dropped connection), the acquire
+    polls instead: the tries themselves report a Redis that cannot be asked."""
+
+    wakes = True
+
+    def __init__(self, client: SyncClient, channel: str) -> None:
+        # redis-py types one API's pubsub() and the other's aclose(), not both.
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
+        self._channel = channel
+
+    def __enter__(self) -> Self:
+        try:
+            self._pubsub.subscribe(self._channel)
+        except REDIS_ERRORS:
+            self.wakes = False
+        return self
+
+    def wait(self, seconds: float) -> None:
+        """Until a release is published on the channel, or ``seconds`` have passed."""
+        if self.wakes:
+            try:
+                self._pubsub.get_message(timeout=seconds)
+                return
+            except REDIS_ERRORS:
+                self.wakes = False
+        super().wait(seconds)
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # Closing drops the connection, and the subscription with it.
+        with suppress(*REDIS_ERRORS):
+            self._pubsub.close()  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def _expiry(ttl: float) -> datetime:

@@ -283,6 +283,66 @@ def test_async_callbacks_are_awaited(memory_url: str) -> None:
     assert events == ["revoked", "left"]
 
 
+def test_a_failing_callback_is_logged_and_the_term_goes_on(
+    memory_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def elected() -> None:
+        raise RuntimeError("bug in on_elected")
+
+    async def scenario() -> None:
+        async with (
+            multilock.connect_async(memory_url) as locker,
+            multilock.leadership(locker, name(), on_elected=elected) as lead,
+        ):
+            await lead.elected
+            await asyncio.sleep(3 * POLL)
+            assert lead.is_leader
+
+    with caplog.at_level("ERROR", logger="multilock.leadership"):
+        asyncio.run(scenario())
+    assert any("on_elected failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_closed_locker_revokes_and_its_failing_polls_are_logged_once(
+    memory_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        locker = multilock.connect_async(memory_url)
+        async with multilock.leadership(locker, name(), poll=POLL, jitter=0) as lead:
+            await lead.elected
+            await locker.aclose()
+            async with asyncio.timeout(TAKEOVER):
+                assert "released underneath" in await lead.revoked
+            await asyncio.sleep(5 * POLL)  # five polls, each refused: the locker is closed
+
+    with caplog.at_level("WARNING", logger="multilock.leadership"):
+        asyncio.run(scenario())
+    failed = [r for r in caplog.records if "could not be asked" in r.getMessage()]
+    assert len(failed) == 1
+
+
+def test_waiting_to_be_elected_is_bounded_with_asyncio_timeout(memory_url: str) -> None:
+    """A standby that gives up leaves the block: its campaign stops, the leader leads on."""
+    lock, terms = name(), Terms()
+
+    async def scenario() -> None:
+        async with contenders(memory_url, lock, terms, 1) as (leader,):
+            await leader.elected
+            async with multilock.connect_async(memory_url) as locker:
+                standby = multilock.leadership(locker, lock, poll=POLL)
+
+                async def give_up() -> None:
+                    async with standby, asyncio.timeout(3 * POLL):
+                        await standby.elected
+
+                with pytest.raises(TimeoutError):
+                    await give_up()
+                assert not standby.is_leader
+            assert leader.is_leader
+
+    asyncio.run(scenario())
+
+
 def test_options_are_checked_at_once(memory_url: str) -> None:
     async def scenario() -> None:
         async with multilock.connect_async(memory_url) as locker:
@@ -331,6 +391,26 @@ def test_the_sync_form_campaigns_on_a_thread(backend: str, request: pytest.Fixtu
         assert not second.is_leader
     assert terms.elected == terms.revoked == ["a", "b"]
     assert terms.most == 1
+
+
+def test_the_sync_form_is_revoked_when_its_lease_breaks(memory_url: str) -> None:
+    lock, terms = name(), Terms()
+    elected, revoked = terms.callbacks("a")
+    with (
+        multilock.connect(memory_url) as locker,
+        multilock.leadership(
+            locker, lock, poll=POLL, jitter=JITTER, on_elected=elected, on_revoked=revoked
+        ) as lead,
+    ):
+        assert lead.elected.wait(TAKEOVER)
+        ended = lead.revoked
+        locker.revoke(lock, "taken away")  # type: ignore[attr-defined]
+        assert not lead.is_leader  # at once: the backend's own notice
+        assert ended.wait(TAKEOVER)
+        assert ended.reason == "taken away"
+        poll("on_revoked", lambda: terms.revoked, TAKEOVER)
+        assert lead.elected.wait(TAKEOVER)  # and elected again
+    assert terms.elected == terms.revoked == ["a", "a"]
 
 
 # --- processes -------------------------------------------------------------------------------

@@ -158,6 +158,7 @@ class Campaign:
         """Fires (with why) when the term ends; already fired while not leading."""
         self.revoked.set("not elected yet")
         self._term: asyncio.Task[object] | None = None  # on_elected's awaitable, if any
+        self._failing = Repeats(logger, clock)
 
     @property
     def held(self) -> bool:
@@ -189,10 +190,12 @@ class Campaign:
             if self._unanswered(problem, "leader polls failed"):
                 self._log.warning("leader election: the lock could not be asked: %s", problem)
             return None
-        except Exception:
-            self._log.warning("leader election: the lock could not be asked", exc_info=True)
+        except Exception as exc:  # not an outage (a closed locker, a bug): once, then counted
+            if self._failing.report(f"{type(exc).__name__}: {masked_line(exc)}", "polls failed"):
+                self._log.warning("leader election: the lock could not be asked", exc_info=True)
             return None
         self._answered()
+        self._failing.clear("leader polls answered again")
         return lease
 
     async def _lead(self, lease: AsyncLease) -> None:
@@ -313,7 +316,7 @@ class AsyncLeadership:
             name,
             ttl=parse_duration(ttl, what="ttl"),
             poll=_positive(poll, "poll"),
-            jitter=parse_duration(jitter, what="jitter"),
+            jitter=0.0 if jitter == 0 else parse_duration(jitter, what="jitter"),
             clock=clock,
             replica_id=f"{socket.gethostname()}-{os.getpid()}",
             on_elected=on_elected,
@@ -549,7 +552,7 @@ def leadership(
     its next poll, without waiting for the ttl.
 
     The lease is tried at once, then every ``poll`` plus a random part of ``jitter``
-    (replicas started together spread their polls); ``ttl`` is its ttl on TTL backends
+    (replicas started together spread their polls; ``0`` for none); ``ttl`` is its ttl on TTL backends
     -- how long a crashed leader keeps the lead -- and renewed every ``ttl / 3`` where
     the backend does not renew it. ``on_elected()`` is called when a term begins: one
     that returns an awaitable (an ``async def``) has it run as a task for the term,

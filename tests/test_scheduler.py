@@ -411,6 +411,11 @@ def test_a_sync_locker_is_used_from_a_worker_thread() -> None:
                 # The run, not only the lease: the grant comes back from a worker thread,
                 # and a clock moved past the grace before then misses the tick (granted late).
                 await until(lambda: bool(tokens) and held_names(url) == ["job"], "the job runs")
+
+                # The run, not only the lease: the grant is taken on a worker thread and
+                # read on the loop later; a clock moved on meanwhile makes it a late grant.
+                await until(lambda: bool(events.of(EventKind.STARTED)), "the run starts")
+                assert held_names(url) == ["job"]
                 clock.set(T0 + 11)
                 await until(lambda: held_names(url) == [], "the lease is released")
 

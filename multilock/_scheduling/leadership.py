@@ -597,7 +597,8 @@ def leadership(
     found released) is revoked at once, and competes again after ``poll``; leaving the
     block ends the term and releases the lease, so that another replica is elected
     without waiting for the ttl: at once where the backend announces releases (those
-    waiting acquires are woken by: memory://, Redis, ZooKeeper), else at its next poll.
+    waiting acquires are woken by: memory://, Redis, ZooKeeper; async lockers only),
+    else at its next poll.
 
     The lease is tried at once, then every ``poll`` plus a random part of ``jitter``
     (replicas started together spread their polls; ``0`` for none); ``ttl`` is its

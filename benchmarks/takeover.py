@@ -6,10 +6,11 @@
 Two replicas of ``multilock.leadership`` on one name, with the API's defaults (poll
 1 s, jitter 0.1 s, ttl 10 s). *Left*: the leader, in this process, leaves its block
 (the lease released) at a random moment of the standby's poll cycle; the time runs
-from the start of its exit to the standby's ``elected`` firing. *Killed*: the leader
-is a child process, SIGKILLed; the time runs from the kill to the standby's
-``elected``: the poll after the backend frees the lease -- at once where the lease
-is the session's (PostgreSQL, MySQL, a flock), after the session timeout or the ttl
+from the start of its exit to the standby's ``elected`` firing (woken by the
+release where the backend announces it). *Killed*: the leader is a child process,
+SIGKILLed; the time runs from the kill to the standby's ``elected``: the poll (or
+the wake-up) after the backend frees the lease -- at once where the lease is the
+session's (PostgreSQL, MySQL, a flock), after the session timeout or the ttl
 elsewhere. memory:// has no process to kill. Backends that cannot be reached are
 left out.
 """
@@ -167,10 +168,15 @@ def measure(quick: bool) -> list[Row]:
     return rows
 
 
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.1f} ms" if value < 0.1 else f"{value:.2f} s"
+
+
 def _shown(times: list[float]) -> str:
     if not times:
         return "not measured"
-    return f"median {statistics.median(times):.2f} s, max {max(times):.2f} s ({len(times)})"
+    median, most = statistics.median(times), max(times)
+    return f"median {_seconds(median)}, max {_seconds(most)} ({len(times)})"
 
 
 def table(rows: list[Row]) -> list[str]:
@@ -181,7 +187,7 @@ def table(rows: list[Row]) -> list[str]:
     ]
     for row in rows:
         cells = [
-            f"{statistics.median(t):.2f} s | {max(t):.2f} s" if t else "— | —"
+            f"{_seconds(statistics.median(t))} | {_seconds(max(t))}" if t else "— | —"
             for t in (row.left, row.killed)
         ]
         out.append(f"| {row.backend} | {cells[0]} | {cells[1]} |")

@@ -152,6 +152,33 @@ def test_one_leader_at_a_time_and_a_leaving_leader_hands_over(url: str) -> None:
     assert terms.elected == terms.revoked  # each revoked once, in the order elected
 
 
+@pytest.mark.parametrize("backend", ["memory", "redis", "zookeeper"])
+def test_a_release_wakes_the_standby_where_the_backend_announces_it(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """With a poll of 5 s, only the release's announcement can elect the standby
+    within a second of the leader leaving."""
+    url: str = request.getfixturevalue(f"{backend}_url")
+    lock, slow = name(), 5.0
+
+    async def scenario() -> float:
+        async with (
+            multilock.connect_async(url) as a,
+            multilock.connect_async(url) as b,
+            multilock.leadership(a, lock, poll=slow, jitter=0) as leader,
+        ):
+            await leader.elected
+            async with multilock.leadership(b, lock, poll=slow, jitter=0) as standby:
+                await asyncio.sleep(0.3)  # its first try refused, now waiting
+                left = time.monotonic()
+                await leader.__aexit__(None, None, None)
+                async with asyncio.timeout(slow / 2):
+                    await standby.elected
+                return time.monotonic() - left
+
+    assert asyncio.run(scenario()) < 1.0
+
+
 def test_a_broken_lease_revokes_at_once_and_the_campaign_goes_on(url: str) -> None:
     """Lost on the backend (its conformance hook, where it has one; a closed locker on
     file://): ``is_leader`` false, ``revoked`` fired, the term's task cancelled, then

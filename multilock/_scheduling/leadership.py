@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, Self, overload
 
 from .._durations import Duration, parse_duration
-from .._locks.base import check_name
+from .._locks.base import AsyncReleaseWatch, check_name
 from .._locks.holds import is_async_locker
 from .._locks.outcome import finish_shielded
 from .._locks.sync_adapter import AsyncView
@@ -136,8 +136,12 @@ class Campaign:
         answered: Callable[[], object] = lambda: None,
         unanswered: Callable[[str, str], bool] = lambda problem, what: True,
         logger: logging.Logger = log,
+        woken: bool = False,
     ) -> None:
         self.locker = locker
+        # Whether a follower's wait ends early when the backend announces a release
+        # (the waiting acquire's watch, where the locker has one); real time only.
+        self._woken = woken
         self._answered = answered  # the backend answered
         self._unanswered = unanswered  # it did not: True if that is news to log
         self.name = name
@@ -171,12 +175,47 @@ class Campaign:
         Cancelled while leading, the term goes on (renewal stopped): :meth:`release`
         ends it."""
         while True:
-            lease = await self._try_acquire()
-            if lease is not None:
-                await self._lead(lease)
-            # After a refusal, and after a lost term: a flapping leader yields.
-            wait = self.poll + (random.uniform(0, self.jitter) if self.jitter else 0.0)
-            await self.clock.sleep_until(self.clock.now() + wait)
+            await self._lead(await self._follow())
+            await self._pause()  # after a lost term: a flapping leader yields
+
+    async def _follow(self) -> AsyncLease:
+        """Try every poll until granted; between tries, woken by an announced release
+        where the campaign and the backend can."""
+        watch = await self._watch()
+        try:
+            while (lease := await self._try_acquire()) is None:
+                await self._pause(watch)
+            return lease
+        finally:
+            if watch is not None:
+                await finish_shielded(_leave_watch(watch, self._log))
+
+    async def _watch(self) -> AsyncReleaseWatch | None:
+        """The locker's release watch, entered (before the first try: no release is
+        missed between a refusal and the wait), or ``None``: sleep between tries."""
+        make = getattr(self.locker, "_watch_released", None) if self._woken else None
+        if make is None:
+            return None
+        try:
+            watch: AsyncReleaseWatch = make(self.name)
+            await watch.__aenter__()
+        except Exception as exc:  # the polls still come: a wake-up is only a hint
+            self._log.debug("leader election: no release watch: %s", masked_line(exc))
+            return None
+        if not watch.wakes:  # it only sleeps: the clock's sleep instead
+            await _leave_watch(watch, self._log)
+            return None
+        return watch
+
+    async def _pause(self, watch: AsyncReleaseWatch | None = None) -> None:
+        wait = self.poll + (random.uniform(0, self.jitter) if self.jitter else 0.0)
+        if watch is not None:
+            try:
+                await watch.wait(wait)
+                return
+            except Exception as exc:
+                self._log.debug("leader election: the release watch failed: %s", exc)
+        await self.clock.sleep_until(self.clock.now() + wait)
 
     async def release(self, reason: str = "released") -> None:
         """Step down (at shutdown): end the term, if any, and release the lease."""
@@ -289,6 +328,13 @@ async def _reason(signal: LostSignal) -> str:
     return await signal
 
 
+async def _leave_watch(watch: AsyncReleaseWatch, logger: logging.Logger) -> None:
+    try:
+        await watch.__aexit__(None, None, None)
+    except Exception as exc:  # it must leave nothing behind: said if it could not
+        logger.warning("leader election: leaving the release watch failed: %s", exc)
+
+
 # --- the public API ---------------------------------------------------------------------
 
 
@@ -324,6 +370,7 @@ class AsyncLeadership:
             answered=lambda: outage.clear("backend reachable again"),
             unanswered=outage.report,
             logger=_public_log,
+            woken=isinstance(clock, SystemClock),  # a test's clock is slept on, never woken
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -548,8 +595,10 @@ def leadership(
     work. ``lead.is_leader`` says whether this replica leads now; ``lead.revoked``
     fires when the term ends. A leader whose lease is lost (its ``lost`` signal, or
     found released) is revoked at once, and competes again after ``poll``; leaving the
-    block ends the term and releases the lease, so that another replica is elected at
-    its next poll, without waiting for the ttl.
+    block ends the term and releases the lease, so that another replica is elected
+    without waiting for the ttl: at once where the backend announces releases (those
+    waiting acquires are woken by: memory://, Redis, ZooKeeper; async lockers only),
+    else at its next poll.
 
     The lease is tried at once, then every ``poll`` plus a random part of ``jitter``
     (replicas started together spread their polls; ``0`` for none); ``ttl`` is its ttl
@@ -560,6 +609,15 @@ def leadership(
     cancelled when the term ends. ``on_revoked()`` is called when it ends, after that
     task is over and before the lease is released (awaited if it returns an
     awaitable), so that the work has stopped before another replica can lead. They
+
+    (replicas started together spread their polls; ``0`` for none); ``ttl`` is its
+    ttl on TTL backends -- how long a crashed leader keeps the lead -- and renewed
+    every ``ttl / 3`` where the backend does not renew it. ``on_elected()`` is called
+    when a term begins: one that returns an awaitable (an ``async def``) has it run as
+    a task for the term, cancelled when the term ends. ``on_revoked()`` is called when
+    it ends, after that task is over and before the lease is released (awaited if it
+    returns an awaitable), so that the work has stopped before another replica can
+    lead. They
     run on the campaign's event loop (for a sync locker, its thread): a sync callback
     must return quickly. An error of a callback is logged, not raised. The ``lease``
     (while leading) carries the fencing token.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -192,7 +193,7 @@ async def waiters_all_served(h: Harness) -> None:
     await h.assert_free(name, f"after all {WAITERS} waiters released it")
 
 
-async def _settle(futures: list[asyncio.Future[Any]]) -> None:
+async def _settle(futures: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel what is still running of a check that failed, and read every outcome (no
     "exception never retrieved" at exit)."""
     for future in futures:

@@ -12,6 +12,9 @@ it is the control, a TTL backend that must pass the whole suite):
 * ``leaky``: an async acquire cancelled after the server granted it, while the
   reply is still on its way, drops the lease on the floor: the lock stays held.
 * ``nohooks``: declares LOST_SIGNAL but ships no ConformanceHooks to prove it.
+* ``impatient``: ``acquire`` tries once and gives up, whatever its timeout.
+* ``queueing``: a waiting ``acquire`` that times out leaves its claim queued: the name
+  goes to that locker when its holder releases it (an abandoned blocking ``flock``).
 
 :func:`register` registers them all with :func:`multilock.register_backend`;
 the plugin tests copy this module into their pytester directory.
@@ -49,9 +52,21 @@ from multilock.backend import (
 )
 from multilock.errors import BackendUnavailable, InvalidLockName, NotOwner
 
+from multilock.errors import LockTimeout, NotOwner
+
 __all__ = ["DEFECTS", "FLAWS", "FlawedBackend", "FlawedDbBackend", "db_backend", "register"]
 
-FLAWS = ("sound", "reentrant", "blocking", "uncancellable", "blinddelete", "leaky", "nohooks")
+FLAWS = (
+    "sound",
+    "reentrant",
+    "blocking",
+    "uncancellable",
+    "blinddelete",
+    "leaky",
+    "nohooks",
+    "impatient",
+    "queueing",
+)
 _OPTIONS = OptionParser({"ttl": as_duration}, {"ttl": 30.0})
 _BLOCK_AT_MOST = 3.5  # a blocking try_acquire gives up eventually, so broken runs end
 
@@ -63,6 +78,11 @@ class _Table:
         self.guard = threading.Lock()
         self.holders: dict[str, tuple[str, float, object]] = {}
         self.fences: dict[str, int] = {}
+        self.queued: dict[str, object] = {}  # name -> the locker its release goes to
+
+    def queue(self, name: str, owner: object) -> None:
+        with self.guard:
+            self.queued[name] = owner
 
     def take(self, name: str, ttl: float, owner: object, flaw: str) -> tuple[str, int] | None:
         with self.guard:
@@ -83,6 +103,10 @@ class _Table:
             if held is None or (not blind and held[0] != token):
                 return False
             del self.holders[name]
+            claimant = self.queued.pop(name, None)
+            if claimant is not None:  # handed over to a claim nobody will release
+                self.fences[name] += 1
+                self.holders[name] = (new_token(), float("inf"), claimant)
             return held[1] > time.monotonic()
 
     def extend(self, name: str, token: str, ttl: float) -> None:
@@ -194,6 +218,23 @@ class _Locker(_Common, LockerBase):
                 return lease
             time.sleep(0.01)
 
+    def acquire(
+        self, name: str, *, timeout: Duration | None = None, ttl: Duration | None = None
+    ) -> LeaseBase:
+        """The kit's waiting acquire -- but ``impatient`` never waits, and ``queueing``
+        leaves a claim behind when it times out."""
+        if self.flaw == "impatient":
+            lease = self.try_acquire(name, ttl=ttl)
+            if lease is None:
+                raise LockTimeout(f"{name!r} is held")
+            return lease
+        try:
+            return super().acquire(name, timeout=timeout, ttl=ttl)
+        except LockTimeout:
+            if self.flaw == "queueing":
+                self.table.queue(name, self)
+            raise
+
     def _close(self) -> None:
         self._drop_all()
 
@@ -218,6 +259,22 @@ class _AsyncLocker(_Common, AsyncLockerBase):
             if lease is not None or self.flaw != "blocking" or time.monotonic() > deadline:
                 return lease
             await asyncio.sleep(0.01)
+
+    async def acquire(
+        self, name: str, *, timeout: Duration | None = None, ttl: Duration | None = None
+    ) -> AsyncLeaseBase:
+        """As the sync locker's."""
+        if self.flaw == "impatient":
+            lease = await self.try_acquire(name, ttl=ttl)
+            if lease is None:
+                raise LockTimeout(f"{name!r} is held")
+            return lease
+        try:
+            return await super().acquire(name, timeout=timeout, ttl=ttl)
+        except LockTimeout:
+            if self.flaw == "queueing":
+                self.table.queue(name, self)
+            raise
 
     async def _close(self) -> None:
         self._drop_all()

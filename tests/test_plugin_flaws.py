@@ -168,3 +168,26 @@ def test_suite_fails_every_defect(pytester: pytest.Pytester, flaw: str) -> None:
     row = f"| `flaw={flaw}` | {DEFECTS[flaw]} | " + ", ".join(f"`{c}`" for c in sorted(checks))
     assert checks, f"the suite passes flawdb with flaw={flaw}"
     assert checks == _documented()[flaw][1], f"docs/conformance.md should say:\n{row} |"
+
+def test_acquire_that_never_waits_fails_the_waiting_checks(pytester: pytest.Pytester) -> None:
+    """An acquire that gives up at once, timeout or not: caught by every waiting check
+    that meets a held name."""
+    failed, _ = _failed(pytester, "impatient://x", "-k", "acquire and not cancel")
+    assert failed == {
+        f"{check}[{api}]"
+        for check in (
+            "test_acquire_waits_for_release",
+            "test_acquire_times_out_leaving_nothing",
+            "test_acquire_serves_every_waiter",
+        )
+        for api in ("sync", "async")
+    }
+
+
+def test_timed_out_wait_left_queued_fails_the_timeout_check(pytester: pytest.Pytester) -> None:
+    """A wait that times out but leaves its claim queued takes the name on release: caught."""
+    failed, _ = _failed(pytester, "queueing://x", "-k", "acquire")
+    assert failed == {
+        "test_acquire_times_out_leaving_nothing[sync]",
+        "test_acquire_times_out_leaving_nothing[async]",
+    }

@@ -50,9 +50,7 @@ from multilock.backend import (
     as_duration,
     new_token,
 )
-from multilock.errors import BackendUnavailable, InvalidLockName, NotOwner
-
-from multilock.errors import LockTimeout, NotOwner
+from multilock.errors import BackendUnavailable, InvalidLockName, LockTimeout, NotOwner
 
 __all__ = ["DEFECTS", "FLAWS", "FlawedBackend", "FlawedDbBackend", "db_backend", "register"]
 

@@ -169,6 +169,7 @@ def test_suite_fails_every_defect(pytester: pytest.Pytester, flaw: str) -> None:
     assert checks, f"the suite passes flawdb with flaw={flaw}"
     assert checks == _documented()[flaw][1], f"docs/conformance.md should say:\n{row} |"
 
+
 def test_acquire_that_never_waits_fails_the_waiting_checks(pytester: pytest.Pytester) -> None:
     """An acquire that gives up at once, timeout or not: caught by every waiting check
     that meets a held name."""

@@ -601,15 +601,6 @@ def leadership(
     else at its next poll.
 
     The lease is tried at once, then every ``poll`` plus a random part of ``jitter``
-    (replicas started together spread their polls; ``0`` for none); ``ttl`` is its ttl
-    on TTL backends -- how long a crashed leader keeps the lead -- and renewed every
-    ``ttl / 3`` where the backend does not renew it. ``on_elected()`` is called when a
-    term begins: one
-    that returns an awaitable (an ``async def``) has it run as a task for the term,
-    cancelled when the term ends. ``on_revoked()`` is called when it ends, after that
-    task is over and before the lease is released (awaited if it returns an
-    awaitable), so that the work has stopped before another replica can lead. They
-
     (replicas started together spread their polls; ``0`` for none); ``ttl`` is its
     ttl on TTL backends -- how long a crashed leader keeps the lead -- and renewed
     every ``ttl / 3`` where the backend does not renew it. ``on_elected()`` is called

@@ -56,6 +56,7 @@ class TcpProxy:
         self._blackholed = False
         self._resetting = False
         self._closing = False
+        self._drops = 0  # drop_connections() calls: one while a link is being made ends it
         self._links: set[_Link] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
@@ -110,6 +111,7 @@ class TcpProxy:
         """Reset (RST) every open connection now, as a network that comes back after
         a long cut finds both ends' state gone; new connections are welcome."""
         with self._state:
+            self._drops += 1
             links = list(self._links)
         for link in links:
             link.cut(reset=True)
@@ -136,7 +138,7 @@ class TcpProxy:
             except OSError:
                 return
             with self._state:
-                closing, resetting = self._closing, self._resetting
+                closing, resetting, drops = self._closing, self._resetting, self._drops
             if closing:  # the wake-up call of close()
                 client.close()
                 return
@@ -153,7 +155,13 @@ class TcpProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link = _Link(self, client, server)
             with self._state:
-                self._links.add(link)
+                dropped = self._drops != drops or self._resetting
+                if not dropped:
+                    self._links.add(link)
+            if dropped:  # while it was being connected upstream
+                _abort(client)
+                _abort(server)
+                continue
             link.start()
 
     def _admit(self, link: _Link, data: bytes) -> bool:

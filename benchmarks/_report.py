@@ -288,8 +288,9 @@ def _many_lines(rows: list[ManyRow], delayed: list[ManyRow], delay_ms: float) ->
             "",
             f"### Through a proxy delaying {delay_ms:g} ms each way (a LAN)",
             "",
-            "The same measurement through `benchmarks/_delay_proxy.py`, a TCP proxy in",
-            "a process of its own: what the target in round trips is about. The raw",
+            "The same measurement through `multilock.testing.TcpProxy`, the tests' TCP",
+            "proxy, in a process of its own (`benchmarks/_delay_proxy.py`): what the",
+            "target in round trips is about. The raw",
             "pattern costs one round trip per lock; `try_acquire_many` stays near one.",
             "",
         ]

@@ -319,16 +319,18 @@ class AsyncReleaseWatch:
     """What a waiting acquire waits on between two tries (``_watch_released``).
 
     This one only sleeps: the kit then polls with backoff. A backend told of releases
-    returns its own, which starts listening on ``__aenter__`` (before the first try, so
-    no release is missed in between), sets ``wakes`` and returns from ``wait`` as soon
-    as a release of the name is announced. Wake-ups are hints: the acquire always tries
-    again, and keeps polling at :data:`WAKE_CAP` for releases nobody announces.
-    ``__aexit__`` must leave nothing behind (no subscription, no queued claim), even
-    when the caller is cancelled.
+    returns its own, which listens from before a try -- from ``__aenter__`` (before the
+    first try), or from its first ``wait``, which then returns at once so that the
+    next try is made listening: no release falls between a try and the listening --
+    and returns from ``wait`` as soon as a release of the name is announced. Wake-ups
+    are hints: the acquire always tries again, and keeps polling at :data:`WAKE_CAP`
+    for releases nobody announces. ``__aexit__`` must leave nothing behind (no
+    subscription, no queued claim), even when the caller is cancelled.
     """
 
     wakes = False
-    """Whether ``wait`` returns early when the name is released."""
+    """Whether ``wait`` returns early when the name is released (it may change: a watch
+    whose listening failed polls)."""
 
     # sync-by-hand: the sync watch sleeps with time.sleep
     async def wait(self, seconds: float) -> None:
@@ -355,7 +357,8 @@ class ReleaseWatch:
     # Generated from AsyncReleaseWatch by scripts/async_to_sync.py: edit that class and rerun.
     wakes = False
 
-    """Whether ``wait`` returns early when the name is released."""
+    """Whether ``wait`` returns early when the name is released (it may change: a watch
+    whose listening failed polls)."""
 
     def __enter__(self) -> Self:
         return self

@@ -210,7 +210,9 @@ class Campaign:
         except Exception as exc:  # the polls still come: a wake-up is only a hint
             self._log.debug("leader election: no release watch: %s", masked_line(exc))
             return None
-        if not watch.wakes:  # it only sleeps: the clock's sleep instead
+        # The kit's own watch only sleeps: the clock's sleep instead. A backend's may
+        # start listening only at its first wait (Redis subscribes then): kept.
+        if type(watch) is AsyncReleaseWatch:
             await _leave_watch(watch, self._log)
             return None
         return watch

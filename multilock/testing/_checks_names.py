@@ -6,11 +6,11 @@ stripping or sanitizing, dropping control or non-ASCII characters, order-insensi
 sums, truncation to the first or the last N bytes at common N, and the 32-bit hashes
 whose collisions survive a shared prefix or suffix (CRC-32, Adler-32, FNV-1/FNV-1a
 32, the low half of FNV-1a 64, Java's ``hashCode``, djb2, sdbm) -- so each of these
-maps collides on the corpus with certainty, not by chance. A bulk of
-:data:`BULK` plain names adds the birthday bound for every other map: into 16 bits,
-a random-like map leaves them all distinct with probability about ``e**-32``. A
-key space of 32 bits under a hash not listed here (a truncated SHA-256, say) is
-only caught by chance: thousands of names cannot promise more.
+maps collides on the corpus with certainty, not by chance. A bulk of :data:`BULK`
+plain names adds the birthday bound for every other map: into 16 bits, a random-like
+map leaves the corpus's 1784 names all distinct with probability about ``e**-24``
+(1e-10). A key space of 32 bits under a hash not listed here (a truncated SHA-256,
+say) is only caught by chance: thousands of names cannot promise more.
 
 Every name is held at the same time, members of one family by different lockers:
 a backend that merges two names refuses one of them (``None``) and fails. A
@@ -37,7 +37,7 @@ __all__ = [
     "names_near_equal",
 ]
 
-BULK = 2048
+BULK = 1536
 """Plain names held at once besides the families (the sync variant only: sizes, not
 spellings, are what they test)."""
 
@@ -49,6 +49,8 @@ TRUNCATIONS = (
     *(200, 250, 255, 256, 500, 511, 512, 1000, 1023, 1024),
 )
 """Byte lengths at which a truncating backend would cut names."""
+
+_SPLIT_CHARACTER = (64, 128, 255, 256)
 
 HASH_COLLISIONS = {
     "crc32": ("TbCKtziL", "5DZKXy3h"),
@@ -102,8 +104,9 @@ def families(tag: str) -> dict[str, list[str]]:
         base = f"{tag}-t{size}-"
         if len(base) < size:  # shorter cuts merge every name of the tag: caught anyway
             base += "." * (size - len(base))
-            found[f"first-{size}-bytes"] = [base, base + "x", base + "é", base[:-1] + "é"]
-            found[f"first-{size}-bytes"].append(base[:-1] + "è")
+            found[f"first-{size}-bytes"] = [base, base + "x"]
+            if size in _SPLIT_CHARACTER:  # a cut inside a character, decoded leniently
+                found[f"first-{size}-bytes"] += [base[:-1] + "é", base[:-1] + "è"]
         fill = "." * size
         found[f"last-{size}-bytes"] = [f"{tag}-s{size}a{fill}", f"{tag}-s{size}b{fill}"]
     return found
@@ -132,8 +135,10 @@ async def names_near_equal(h: Harness) -> None:
                 held[name] = lease
     if h.kind == "sync":
         bulk = [f"{tag}-r{i:x}" for i in range(BULK)]
-        for i, start in enumerate(range(0, BULK, 256)):
-            chunk = bulk[start : start + 256]
+        # Small batches: a backend without BATCH takes them one by one, and any
+        # try_acquire_many must answer within TRY_LIMIT.
+        for i, start in enumerate(range(0, BULK, 32)):
+            chunk = bulk[start : start + 32]
             got = await h.api.try_acquire_many(lockers[i % LOCKERS], chunk)
             merged += [f"bulk: {name!r} refused" for name, lease in got.items() if lease is None]
             held.update({name: lease for name, lease in got.items() if lease is not None})

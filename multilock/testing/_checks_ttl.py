@@ -80,13 +80,18 @@ async def ttl_lease_expires(h: Harness) -> None:
     leases: dict[str, Any] = {}
     for label, ttl, extend in (
         ("acquire", 1.5, None),
+        ("many", 1.5, None),  # through try_acquire_many
         ("extend-ttl", 0.5, 1.5),
         ("extend", 1.0, 0.0),  # 0.0: extend() without a ttl
     ):
         before = now()
-        lease = await h.api.try_acquire(holder, h.name(f"time-{label}"), ttl=ttl)
+        name = h.name(f"time-{label}")
+        if label == "many":
+            lease = (await h.api.try_acquire_many(holder, [name], ttl=ttl))[name]
+        else:
+            lease = await h.api.try_acquire(holder, name, ttl=ttl)
         assert lease is not None
-        _expiry_near(f"try_acquire(ttl={ttl:g})", lease.expires_at, before, now(), ttl)
+        _expiry_near(f"{label}: try_acquire(ttl={ttl:g})", lease.expires_at, before, now(), ttl)
         if extend is not None:
             before = now()
             await h.api.extend(lease, extend or None)

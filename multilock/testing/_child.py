@@ -2,6 +2,7 @@
 
     python -m multilock.testing._child sync|async URL hold NAME TTL
     python -m multilock.testing._child sync|async URL count NAME ROUNDS PATH
+    python -m multilock.testing._child sync|async URL serve
 
 A URL of ``-`` is read from the first line of stdin (how the suite passes it: a
 password must not show in the process list).
@@ -12,24 +13,29 @@ password must not show in the process list).
 ``extend-failed <error class> <is LockLost>``) and ``exit``.
 ``count`` takes NAME ROUNDS times; each time, while holding it, it appends
 the lease's fencing token to ``PATH.fences`` and bumps the number in ``PATH``
-non-atomically (read, pause, write); then prints ``done``. Failures print
-``error <message>`` and exit 1.
+non-atomically (read, pause, write); then prints ``done``. ``serve`` opens a
+locker, prints ``ready``, then answers each stdin line, a JSON command of
+:class:`LockerServer`, with ``reply <JSON>``, until ``exit`` or end of input.
+Failures print ``error <message>`` and exit 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
 import random
 import sys
 import time
+from contextlib import suppress
 from typing import Any
 
 from multilock.errors import LockLost
 
 from ._api import Api, in_thread, make_api
 
-__all__ = ["main"]
+__all__ = ["LockerServer", "main"]
 
 _ACQUIRE_DEADLINE = 30.0
 
@@ -91,15 +97,123 @@ def _write(path: str, value: int) -> None:
         counter.write(str(value))
 
 
+class LockerServer:
+    """One locker that obeys JSON-able commands and answers in JSON-able dicts.
+
+    The model check (:mod:`._checks_model`) drives each of its lockers through
+    one of these -- in this process, or in a child over a pipe (``serve``) -- so
+    both kinds answer alike. Leases are named by ids this server hands out.
+    Commands (``op`` and its arguments): ``acquire`` (``name``, ``ttl``),
+    ``acquire_many`` (``names``, ``ttl``), ``release`` (``id``), ``extend``
+    (``id``, ``ttl``), ``locks``, ``close`` (closes the locker and opens a new
+    one), ``reset`` (releases what is held and forgets every lease), ``states``.
+    Every answer carries ``states``: each known lease's ``[held, lost]`` as of
+    the answer; a call that raised answers ``error`` (its class), ``message``
+    and ``lock_lost`` instead of its result.
+    """
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self._locker: Any = None
+        self._leases: dict[int, Any] = {}
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """Open the locker."""
+        self._locker = await self.api.connect()
+
+    async def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Carry out one command; its answer."""
+        try:
+            answer: dict[str, Any] = await getattr(self, "_" + command["op"])(command)
+        except Exception as exc:
+            answer = {
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "lock_lost": isinstance(exc, LockLost),
+            }
+        answer["states"] = {
+            str(i): [lease.held, lease.lost.is_set()] for i, lease in self._leases.items()
+        }
+        return answer
+
+    def _describe(self, lease: Any) -> dict[str, Any] | None:
+        if lease is None:
+            return None
+        lease_id = next(self._ids)
+        self._leases[lease_id] = lease
+        expires = lease.expires_at
+        return {
+            "id": lease_id,
+            "name": lease.name,
+            "key": lease.key,
+            "token": lease.token,
+            "fence": lease.fencing_token,
+            "expires_at": None if expires is None else expires.timestamp(),
+        }
+
+    async def _acquire(self, command: dict[str, Any]) -> dict[str, Any]:
+        lease = await self.api.try_acquire(self._locker, command["name"], command["ttl"])
+        return {"lease": self._describe(lease)}
+
+    async def _acquire_many(self, command: dict[str, Any]) -> dict[str, Any]:
+        got = await self.api.try_acquire_many(self._locker, command["names"], command["ttl"])
+        return {"names": list(got), "leases": [self._describe(lease) for lease in got.values()]}
+
+    async def _release(self, command: dict[str, Any]) -> dict[str, Any]:
+        return {"released": await self.api.release(self._leases[command["id"]])}
+
+    async def _extend(self, command: dict[str, Any]) -> dict[str, Any]:
+        lease = self._leases[command["id"]]
+        await self.api.extend(lease, command["ttl"])
+        expires = lease.expires_at
+        return {"expires_at": None if expires is None else expires.timestamp()}
+
+    async def _locks(self, command: dict[str, Any]) -> dict[str, Any]:
+        found = await self.api.locks(self._locker)
+        return {"locks": [[info.name, info.key] for info in found]}
+
+    async def _close(self, command: dict[str, Any]) -> dict[str, Any]:
+        await self.api.close(self._locker)
+        self._locker = await self.api.connect()
+        return {}
+
+    async def _reset(self, command: dict[str, Any]) -> dict[str, Any]:
+        for lease in self._leases.values():
+            if lease.held:
+                with suppress(Exception):  # a failure here is the next command's to show
+                    await self.api.release(lease)
+        self._leases.clear()
+        return {}
+
+    async def _states(self, command: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+async def _serve(api: Api) -> None:
+    server = LockerServer(api)
+    await server.start()
+    _say("ready")
+    while True:
+        line = (await in_thread(sys.stdin.readline)).strip()
+        if not line or line == "exit":
+            return
+        _say("reply " + json.dumps(await server.handle(json.loads(line))))
+
+
 async def _main(argv: list[str]) -> None:
-    kind, url, command, name, *rest = argv
+    kind, url, command, *rest = argv
     if url == "-":
         url = sys.stdin.readline().strip()
     api = make_api(kind, url)
     try:
-        if command == "hold":
+        if command == "serve":
+            await _serve(api)
+        elif command == "hold":
+            name, *rest = rest
             await _hold(api, name, None if rest[0] == "-" else float(rest[0]))
         elif command == "count":
+            name, *rest = rest
             await _count(api, name, int(rest[0]), rest[1])
         else:
             raise ValueError(f"unknown command {command!r}")

@@ -13,6 +13,8 @@ one-line call of a check written once (``_checks_*``) through the API adapter.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from . import _checks_basic as basic
@@ -180,3 +182,22 @@ class ConformanceTests:
     def test_acquire_serves_every_waiter(self, multilock: Harness) -> None:
         """20 waiters on one name each get it, one at a time, within a bound."""
         multilock.run(wait.waiters_all_served)
+
+    def test_model_checked_history(self, multilock: Harness) -> None:
+        """Random histories over 3 lockers (2 in other processes) agree with the model."""
+        multilock.run(_model_check())
+
+
+def _model_check() -> Callable[[Harness], Awaitable[None]]:
+    """The model check, imported when run: only it needs hypothesis."""
+    try:
+        from ._checks_model import model_checked_history
+    except ImportError as exc:
+        if exc.name != "hypothesis":
+            raise
+        pytest.fail(
+            "the model check needs hypothesis, which multilock does not install:"
+            " pip install 'hypothesis>=6'",
+            pytrace=False,
+        )
+    return model_checked_history

@@ -17,6 +17,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -298,3 +299,73 @@ def tls_etcd(
     yield make
     for server in servers.values():
         server.stop()
+
+
+class TrickleProxy:
+    """Forwards TCP to ``upstream``; while ``gap`` is set, the upstream's answers reach
+    the client one byte every ``gap`` seconds: a member that answers, too slowly to
+    ever finish, and never lets a receive wait long enough to time out."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.gap: float | None = None
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        self._spawn(self._accept)
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        threading.Thread(target=target, args=args, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self.upstream)
+            self.sockets += [client, server]
+            self._spawn(self._pump, client, server, False)
+            self._spawn(self._pump, server, client, True)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                gap = self.gap if answers else None
+                if gap is None:
+                    dst.sendall(data)
+                    continue
+                for byte in data:
+                    time.sleep(gap)
+                    dst.sendall(bytes([byte]))
+        except OSError:
+            pass
+        _shut(dst)
+
+    def close(self) -> None:
+        """Close every socket (its threads end with them)."""
+        for sock in self.sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+@pytest.fixture
+def trickle_proxy() -> Iterator[Callable[[tuple[str, int]], TrickleProxy]]:
+    """``trickle_proxy((host, port))``: a started :class:`TrickleProxy`, closed after
+    the test."""
+    proxies: list[TrickleProxy] = []
+
+    def make(upstream: tuple[str, int]) -> TrickleProxy:
+        proxies.append(TrickleProxy(upstream))
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.close()

@@ -19,7 +19,7 @@ from multilock.errors import BackendUnavailable, MultilockError
 from multilock.testing import apoll, poll
 from multilock_etcd import EtcdLease, EtcdLocker
 
-from .conftest import PrivateEtcd, _free_port
+from .conftest import PrivateEtcd, TrickleProxy, _free_port
 
 pytestmark = pytest.mark.faults
 
@@ -235,3 +235,31 @@ def test_no_call_outlives_its_timeout_on_a_frozen_server(
         return outcome
 
     assert asyncio.run(main()) is BackendUnavailable
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_an_answer_trickling_in_is_cut_at_timeout(
+    private_etcd: Callable[..., PrivateEtcd],
+    trickle_proxy: Callable[[tuple[str, int]], TrickleProxy],
+    api: str,
+) -> None:
+    """A byte every 0.1 s: each receive gets one before a per-receive timeout of 0.5 s
+    would end it, and an answer of a few hundred bytes would take most of a minute."""
+    proxy = trickle_proxy(("127.0.0.1", private_etcd().port))
+    lock_url = f"etcd://127.0.0.1:{proxy.port}/faults?timeout={TIMEOUT}"
+
+    async def main() -> None:
+        locker: Any = (multilock.connect if api == "sync" else multilock.connect_async)(lock_url)
+        try:
+            await _call(locker.try_acquire("warm-up"))  # the lease granted, a connection kept
+            proxy.gap = 0.1
+            start = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await _call(locker.try_acquire("trickled"))
+            elapsed = time.monotonic() - start
+            assert elapsed < PROMPT, f"took {elapsed:.2f}s"
+        finally:
+            proxy.gap = None
+            await _call(locker.close() if api == "sync" else locker.aclose())
+
+    asyncio.run(main())

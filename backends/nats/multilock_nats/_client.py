@@ -33,7 +33,7 @@ import nats.aio.client
 import nats.errors
 import nats.js
 import nats.js.errors
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
 
 from multilock.errors import MultilockError
 
@@ -228,32 +228,48 @@ class Client:
         return int(answer.get("purged", 0)) > 0
 
     async def holders(self) -> list[Holder]:
-        """Every key of the bucket under the locker's prefix, with its last message."""
+        """Every key of the bucket under the locker's prefix, with its last message.
+
+        One ordered consumer delivers each subject's last message (what a KV ``keys()``
+        watch does): a few requests whatever the number of keys, each message awaited
+        at most ``timeout``."""
         js = await self.ready()
         start = self.config.subjects + self.config.prefix
-        info = await js.stream_info(self.config.stream, subjects_filter=f"{self.config.subjects}>")
-        subjects = [s for s in (info.state.subjects or {}) if s.startswith(start)]
         max_age = timedelta(seconds=self.max_age or 0)
+        sub = await js.subscribe(
+            f"{self.config.subjects}>",
+            stream=self.config.stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=max(5.0, 2 * self.config.timeout),
+        )
         found = []
-        for subject in subjects:
-            try:
-                message = await js.get_last_msg(self.config.stream, subject)
-            except nats.js.errors.NotFoundError:
-                continue  # released meanwhile
-            headers = message.headers or {}
-            if headers.get("KV-Operation") in _MARKERS or message.time is None:
-                continue
-            fence = headers.get(FENCE_HEADER)
-            found.append(
-                Holder(
-                    key=subject[len(self.config.subjects) :],
-                    token=(message.data or b"").decode("utf-8", "replace"),
-                    revision=int(message.seq or 0),
-                    fence=int(fence) if fence else int(message.seq or 0),
-                    written=message.time,
-                    expires=message.time + max_age,
+        try:
+            info = await sub.consumer_info()
+            # Delivered already, or still to come: read up to the message after which
+            # nothing is pending.
+            delivered = info.delivered.consumer_seq if info.delivered else 0
+            more = bool(info.num_pending or delivered)
+            while more:
+                message = await sub.next_msg(timeout=self.config.timeout)
+                meta = message.metadata
+                more = meta.num_pending > 0
+                headers = message.headers or {}
+                if not message.subject.startswith(start) or headers.get("KV-Operation") in _MARKERS:
+                    continue
+                fence = headers.get(FENCE_HEADER)
+                found.append(
+                    Holder(
+                        key=message.subject[len(self.config.subjects) :],
+                        token=(message.data or b"").decode("utf-8", "replace"),
+                        revision=meta.sequence.stream,
+                        fence=int(fence) if fence else meta.sequence.stream,
+                        written=meta.timestamp,
+                        expires=meta.timestamp + max_age,
+                    )
                 )
-            )
+        finally:
+            await sub.unsubscribe()
         return found
 
     async def purge(self, subject: str) -> None:

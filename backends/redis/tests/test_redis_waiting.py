@@ -11,6 +11,7 @@ import redis
 
 import multilock
 from multilock_redis import RedisLocker, lock_key
+from multilock_redis._sync._locker import RedisWatch
 
 
 def test_release_wakes_the_watch(redis_url: str, name: str) -> None:
@@ -21,8 +22,10 @@ def test_release_wakes_the_watch(redis_url: str, name: str) -> None:
         lease = holder.try_acquire(name)
         assert lease is not None
         with waiter._watch_released(name) as watch:
+            start = time.monotonic()
+            watch.wait(30)  # the first wait subscribes, and returns at once
+            assert time.monotonic() - start < 10
             assert watch.wakes
-            watch.wait(5)  # the subscription's confirmation
             threading.Timer(0.2, lease.release).start()
             start = time.monotonic()
             watch.wait(30)
@@ -36,12 +39,24 @@ def test_async_release_wakes_the_watch(redis_url: str, name: str) -> None:
                 lease = holder.try_acquire(name)
                 assert lease is not None
                 async with waiter._watch_released(name) as watch:  # type: ignore[attr-defined]
+                    await asyncio.wait_for(watch.wait(30), 10)  # subscribes, returns at once
                     assert watch.wakes
-                    await watch.wait(5)
                     threading.Timer(0.2, lease.release).start()
                     await asyncio.wait_for(watch.wait(30), 10)
 
     asyncio.run(scenario())
+
+
+def test_acquire_of_a_free_name_does_not_subscribe(redis_url: str, name: str) -> None:
+    """The uncontended acquire costs no pub/sub connection: its watch never subscribes."""
+    with multilock.connect(redis_url) as locker:
+        assert isinstance(locker, RedisLocker)
+        with locker._watch_released(name) as watch:
+            pass
+        assert isinstance(watch, RedisWatch)
+        assert watch._pubsub is None
+        with locker.acquire(name, timeout=1):
+            pass
 
 
 def test_no_subscription_outlives_the_wait(redis_url: str, name: str) -> None:

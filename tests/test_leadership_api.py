@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import signal
 import subprocess
@@ -19,11 +20,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import multilock
+from multilock._locks import registry
 from multilock._locks.registry import backend_for
 from multilock._url import LockURL
 from multilock.abc import Capability
@@ -37,6 +39,17 @@ TTL = 3.0  # short: a TTL backend notices a broken lease when it next renews (tt
 TAKEOVER = 3.0  # a poll and a round trip, with room for a loaded machine
 LOST = 10.0 + 1.0  # the conformance suite's bound on a lost signal, and its slack
 REPLICA = Path(__file__).resolve().parent / "leadership_replica.py"
+
+
+def _flawed_backends() -> Any:
+    """tests/flawed_backends.py, loaded from its path (tests/ is no package)."""
+    path = Path(__file__).with_name("flawed_backends.py")
+    spec = importlib.util.spec_from_file_location("flawed_backends", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(params=BACKENDS)
@@ -229,6 +242,41 @@ def test_a_broken_lease_revokes_at_once_and_the_campaign_goes_on(url: str) -> No
                         await lead.elected
                     assert lead.lease is not None  # leading again
                     assert events == ["work", "work stopped", "revoked", "work"]
+
+    asyncio.run(scenario())
+
+
+def test_an_extend_refused_revokes_where_the_backend_has_no_lost_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A TTL backend that neither renews nor fires ``lost`` (``sound://`` of
+    tests/flawed_backends.py): the campaign extends the lease every ttl / 3, and the
+    first extend the backend refuses (the lease expired unnoticed, another took it)
+    revokes the leader."""
+    sound = _flawed_backends().FlawedBackend("sound")
+    monkeypatch.setitem(registry._registered, "leadersound", sound)
+    url, lock, ttl = f"leadersound://tests/{uuid.uuid4().hex[:8]}", name(), 0.6
+
+    async def scenario() -> None:
+        async with (
+            multilock.connect_async(url) as a,
+            multilock.connect_async(url) as b,
+            multilock.leadership(a, lock, ttl=ttl, poll=POLL, jitter=0) as lead,
+        ):
+            await lead.elected
+            lease = lead.lease
+            assert lease is not None
+            await asyncio.sleep(3 * ttl)  # past its ttl: kept by the extends
+            assert lead.lease is lease
+            assert await b.try_acquire(lock) is None
+            cast(Any, a).table.drop(lock, lease.token, blind=True)  # expired unnoticed
+            taken = await b.try_acquire(lock, ttl=30)
+            assert taken is not None
+            async with asyncio.timeout(TAKEOVER):
+                reason = await lead.revoked
+            assert "refused" in reason
+            assert not lead.is_leader
+            await taken.release()
 
     asyncio.run(scenario())
 

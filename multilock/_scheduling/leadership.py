@@ -53,14 +53,16 @@ def keep_alive(
     ttl: float,
     clock: Clock,
     unanswered: Callable[[str, str], bool] = lambda problem, what: True,
+    refused: Callable[[str], object] = lambda reason: None,
 ) -> asyncio.Task[None] | None:
     """Extend ``lease`` every ``ttl / 3`` while held, if the backend has TTL leases it
     does not renew itself; ``None`` (nothing to do) otherwise. Cancel the task to stop.
     An unreachable backend is reported to ``unanswered`` (logged only if it says it is
-    news)."""
+    news); an extend refused (``LockLost``: expired, or held by another owner) is
+    told to ``refused`` with why."""
     if not needs_keep_alive(locker):
         return None
-    return asyncio.ensure_future(_extend_periodically(lease, ttl, clock, unanswered))
+    return asyncio.ensure_future(_extend_periodically(lease, ttl, clock, unanswered, refused))
 
 
 def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
@@ -71,7 +73,11 @@ def needs_keep_alive(locker: AsyncDistributedLock) -> bool:
 
 
 async def _extend_periodically(
-    lease: AsyncLease, ttl: float, clock: Clock, unanswered: Callable[[str, str], bool]
+    lease: AsyncLease,
+    ttl: float,
+    clock: Clock,
+    unanswered: Callable[[str, str], bool],
+    refused: Callable[[str], object],
 ) -> None:
     period = ttl / 3
     while True:
@@ -97,6 +103,7 @@ async def _extend_periodically(
             return
         except LockLost as exc:  # lost: its holder reports that, once
             log.debug("extending the lease on %s failed: %s", lease.name, masked_line(exc))
+            refused(f"extending the lease was refused: {masked_line(exc)}")
             return
         except Exception:
             log.warning("extending the lease on %s failed", lease.name, exc_info=True)
@@ -166,8 +173,9 @@ class Campaign:
 
     @property
     def held(self) -> bool:
-        """Whether this replica leads now."""
-        return self.lease is not None and self.lease.held
+        """Whether this replica leads now: the term's lease held, the term not revoked
+        (an extend refused revokes it before its task has ended it)."""
+        return self.lease is not None and self.lease.held and not self.revoked.is_set()
 
     async def run(self) -> None:
         """Compete for the lead until cancelled: try every ``poll``, hold while it lasts.
@@ -241,9 +249,12 @@ class Campaign:
 
     async def _lead(self, lease: AsyncLease) -> None:
         self._begin(lease)
-        renewal = keep_alive(self.locker, lease, self.ttl, self.clock)
+        # A backend without a lost signal tells of a loss only by refusing an extend.
+        refused = LostSignal()
+        refused.add_callback(self.revoked.set)
+        renewal = keep_alive(self.locker, lease, self.ttl, self.clock, refused=refused.set)
         try:
-            reason = await self._until_over(lease)
+            reason = await self._until_over(lease, refused)
         finally:
             if renewal is not None:
                 renewal.cancel()
@@ -270,23 +281,27 @@ class Campaign:
         if not task.cancelled() and task.exception() is not None:
             self._log.error("on_elected failed", exc_info=task.exception())
 
-    async def _until_over(self, lease: AsyncLease) -> str:
-        """Why the term is over: the lease's loss, or ``lease.held`` found false (a
-        release the lost signal does not tell of: its locker closed), checked every poll."""
+    async def _until_over(self, lease: AsyncLease, refused: LostSignal) -> str:
+        """Why the term is over: the lease's loss, an extend refused, or ``lease.held``
+        found false (a release the lost signal does not tell of: its locker closed),
+        checked every poll."""
         lost = asyncio.ensure_future(_reason(lease.lost))
+        gone = asyncio.ensure_future(_reason(refused))
         try:
             while True:
                 pause = asyncio.ensure_future(self.clock.sleep_until(self.clock.now() + self.poll))
                 try:
-                    await asyncio.wait({lost, pause}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait({lost, gone, pause}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     pause.cancel()
-                if lost.done():
-                    return lost.result()
+                for ended in (lost, gone):
+                    if ended.done():
+                        return ended.result()
                 if not lease.held:
                     return "the lease was released underneath (its locker closed?)"
         finally:
             lost.cancel()
+            gone.cancel()
 
     async def _end(self, reason: str, *, release: bool) -> None:
         lease, self.lease = self.lease, None

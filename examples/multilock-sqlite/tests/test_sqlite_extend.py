@@ -7,17 +7,21 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from multilock_sqlite import SQLiteLocker
+
 import multilock
 
 
 def _remaining(path: Path, name: str) -> float:
     """Seconds until the row of ``name`` expires, as another process would read it."""
     with multilock.connect(f"sqlite:///{path}") as viewer:
+        assert isinstance(viewer, SQLiteLocker)
         found = viewer.locks()
     for info in found:
         if info.name == name:
             assert info.expires_at is not None
-            return (info.expires_at - datetime.now(UTC)).total_seconds()
+            left: float = (info.expires_at - datetime.now(UTC)).total_seconds()
+            return left
     raise AssertionError(f"{name!r} is not held")
 
 

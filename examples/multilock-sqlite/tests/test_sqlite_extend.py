@@ -6,16 +6,17 @@ import asyncio
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
+
+from multilock_sqlite import SQLiteLocker
 
 import multilock
-from multilock.abc import SupportsLocks
 
 
 def _remaining(path: Path, name: str) -> float:
     """Seconds until the row of ``name`` expires, as another process would read it."""
     with multilock.connect(f"sqlite:///{path}") as viewer:
-        found = cast(SupportsLocks, viewer).locks()
+        assert isinstance(viewer, SQLiteLocker)
+        found = viewer.locks()
     for info in found:
         if info.name == name:
             assert info.expires_at is not None

@@ -125,17 +125,22 @@ ILLEGAL = [(b, a) for b in RunState for a in RunState if a is not S.DUE and a no
 @pytest.mark.parametrize(("before", "after"), LEGAL, ids=lambda s: s.value)
 def test_every_legal_transition(before: RunState, after: RunState) -> None:
     life = life_at(a_job(), before)
-    with record_transitions() as seen:
+    with record_transitions() as seen, record_transitions(refused_only=True) as refused:
         MOVES[after](life)
     assert life.state is after
     assert seen == [Transition("j", life.fire, before, after)]
+    assert refused == []
     assert life.over is (after in TERMINAL)
 
 
 @pytest.mark.parametrize(("before", "after"), ILLEGAL, ids=lambda s: s.value)
 def test_every_illegal_transition_raises(before: RunState, after: RunState) -> None:
     life = life_at(a_job(), before)
-    with record_transitions() as seen, pytest.raises(IllegalTransition) as raised:
+    with (
+        record_transitions() as seen,
+        record_transitions(refused_only=True) as refused,
+        pytest.raises(IllegalTransition) as raised,
+    ):
         MOVES[after](life)
     assert str(raised.value) == (
         f"run of job 'j' at {life.fire.isoformat()}: illegal transition"
@@ -144,7 +149,7 @@ def test_every_illegal_transition_raises(before: RunState, after: RunState) -> N
     assert (raised.value.before, raised.value.after) == (before, after)
     assert isinstance(raised.value, RuntimeError)
     assert life.state is before  # unchanged
-    assert seen == []
+    assert seen == refused == [Transition("j", life.fire, before, after, legal=False)]
 
 
 # --- the paths real runs take -----------------------------------------------------------
@@ -154,6 +159,7 @@ def paths(seen: Iterable[Transition], job: str = "j") -> dict[float, list[str]]:
     """Each tick's path (fire time, seconds after T0 → its states, from ``due``)."""
     out: dict[float, list[str]] = {}
     for move in seen:
+        assert move.legal, move
         if move.job == job:
             path = out.setdefault(move.fire.timestamp() - T0, [move.before.value])
             assert path[-1] == move.before.value  # one life, moved step by step

@@ -136,27 +136,33 @@ S = TypeVar("S", bound=JobState, covariant=True)
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """One move of one run, as :func:`record_transitions` sees it."""
+    """One move of one run, as :func:`record_transitions` sees it; ``legal`` is
+    ``False`` for a move refused (:class:`IllegalTransition` raised, maybe in a loop
+    callback where only the loop's exception handler would see it)."""
 
     job: str
     fire: datetime
     before: RunState
     after: RunState
+    legal: bool = True
 
 
-_recorders: list[list[Transition]] = []
+_recorders: list[list[Transition]] = []  # of every move
+_refusals: list[list[Transition]] = []  # of the moves refused only
 
 
 @contextmanager
-def record_transitions() -> Iterator[list[Transition]]:
-    """Record every run's transitions (of every scheduler in the process) while inside:
-    what tests read to check a run's path."""
+def record_transitions(*, refused_only: bool = False) -> Iterator[list[Transition]]:
+    """Record every run's transitions (of every scheduler in the process), and every
+    move refused, while inside: what tests read to check a run's path. ``refused_only``
+    records the refused moves alone, at no cost to the others (the simulation)."""
     seen: list[Transition] = []
-    _recorders.append(seen)
+    into = _refusals if refused_only else _recorders
+    into.append(seen)
     try:
         yield seen
     finally:
-        _recorders.remove(seen)
+        into.remove(seen)
 
 
 class RunLifecycle(Generic[S]):
@@ -176,13 +182,17 @@ class RunLifecycle(Generic[S]):
 
     def _move(self, after: RunState) -> None:
         before = self.state
-        if after not in TRANSITIONS[before]:
-            raise IllegalTransition(self.job.name, self.fire, before, after)
-        self.state = after
-        if _recorders:
-            move = Transition(self.job.name, self.fire, before, after)
-            for seen in _recorders:
-                seen.append(move)
+        if after in TRANSITIONS[before]:
+            self.state = after
+            if _recorders:
+                move = Transition(self.job.name, self.fire, before, after)
+                for seen in _recorders:
+                    seen.append(move)
+            return
+        refused = Transition(self.job.name, self.fire, before, after, legal=False)
+        for seen in (*_recorders, *_refusals):
+            seen.append(refused)
+        raise IllegalTransition(self.job.name, self.fire, before, after)
 
     @property
     def over(self) -> bool:

@@ -7,11 +7,19 @@ import asyncio
 import threading
 import time
 from datetime import timedelta
+from types import TracebackType
 
 import pytest
 
 import multilock
-from multilock._locks.base import FIRST_WAIT, POLL_CAP, WAKE_CAP, Patience, parse_timeout
+from multilock._locks.base import (
+    FIRST_WAIT,
+    POLL_CAP,
+    WAKE_CAP,
+    AsyncReleaseWatch,
+    Patience,
+    parse_timeout,
+)
 from multilock._locks.sync_adapter import AsyncView
 from multilock.errors import ConfigurationError, LockTimeout
 from multilock.testing import apoll, poll
@@ -125,5 +133,39 @@ def test_acquire_under_timeout_of_the_caller(memory_url: str) -> None:
             await lease.release()
             got = await apoll("free", lambda: holder.try_acquire("outer"), 5)
             await got.release()
+
+    asyncio.run(scenario())
+
+
+class _SlowExit(AsyncReleaseWatch):
+    """A watch whose exit awaits (a connection to close): a cancellation can land there."""
+
+    def __init__(self, exiting: asyncio.Event) -> None:
+        self.exiting = exiting
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.exiting.set()
+        await asyncio.sleep(0.5)
+
+
+def test_grant_cancelled_while_the_watch_closes_is_released(memory_url: str) -> None:
+    """The lease is granted, then the caller is cancelled while the watch's exit awaits:
+    the kit releases the lease nobody will get (found on Redis, whose exit closes a
+    pub/sub connection)."""
+
+    async def scenario() -> None:
+        async with multilock.connect_async(memory_url) as locker:
+            exiting = asyncio.Event()
+            locker._watch_released = lambda name: _SlowExit(exiting)  # type: ignore[attr-defined]
+            task = asyncio.ensure_future(locker.acquire("slow-exit"))
+            await asyncio.wait_for(exiting.wait(), 10)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+            again = await locker.try_acquire("slow-exit")
+            assert again is not None, "the lease granted before the cancellation stayed held"
+            await again.release()
 
     asyncio.run(scenario())

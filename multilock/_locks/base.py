@@ -464,10 +464,18 @@ class LockerBase(_LockerCommon):
         """
         checked, seconds = self._check(name), self._ttl(ttl)
         patience = Patience(checked, timeout)
-        with self._watch_released(checked) as watch:
-            while (lease := self.try_acquire(checked, ttl=seconds)) is None:
-                watch.wait(patience.next_wait(watch.wakes))
-            return lease
+        lease = None
+        try:
+            with self._watch_released(checked) as watch:
+                while (lease := self.try_acquire(checked, ttl=seconds)) is None:
+                    watch.wait(patience.next_wait(watch.wakes))
+        except BaseException:
+            # Granted, then interrupted while the watch closed (a cancellation landing
+            # in its __aexit__): nobody will have the lease, so nobody may keep the lock.
+            if lease is not None:
+                lease.release()
+            raise
+        return lease
 
     def _watch_released(self, name: str) -> ReleaseWatch:
         """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`).
@@ -545,10 +553,18 @@ class AsyncLockerBase(_LockerCommon):
         """
         checked, seconds = self._check(name), self._ttl(ttl)
         patience = Patience(checked, timeout)
-        async with self._watch_released(checked) as watch:
-            while (lease := await self.try_acquire(checked, ttl=seconds)) is None:
-                await watch.wait(patience.next_wait(watch.wakes))
-            return lease
+        lease = None
+        try:
+            async with self._watch_released(checked) as watch:
+                while (lease := await self.try_acquire(checked, ttl=seconds)) is None:
+                    await watch.wait(patience.next_wait(watch.wakes))
+        except BaseException:
+            # Granted, then interrupted while the watch closed (a cancellation landing
+            # in its __aexit__): nobody will have the lease, so nobody may keep the lock.
+            if lease is not None:
+                await lease.release()
+            raise
+        return lease
 
     def _watch_released(self, name: str) -> AsyncReleaseWatch:
         """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`).

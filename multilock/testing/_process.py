@@ -79,16 +79,19 @@ class Child:
             raw = await asyncio.wait_for(self._proc.stdout.readline(), within)
         except TimeoutError:
             raise AssertionError(
-                f"child {' '.join(self.args[2:4])!r} said nothing within {within:g} s"
-                f" (expected {prefix!r})"
+                f"child {self._label()!r} said nothing within {within:g} s (expected {prefix!r})"
             ) from None
         line = raw.decode(errors="replace").strip()
         if not line.startswith(prefix):
             raise AssertionError(
-                f"child {' '.join(self.args[2:4])!r} said {line or '<EOF>'!r}, expected {prefix!r}"
+                f"child {self._label()!r} said {line or '<EOF>'!r}, expected {prefix!r}"
                 + await self._stderr()
             )
         return line[len(prefix) :].strip()
+
+    def _label(self) -> str:
+        """The child's command and lock name, or its module (a ``_serve`` child)."""
+        return " ".join(self.args[2:4]) or self.module
 
     async def send(self, command: str) -> None:
         """Write one command line to the child."""

@@ -93,7 +93,7 @@ class Budget:
     """Seconds hypothesis spends shrinking a failure (then :func:`_minimize` runs)."""
 
 
-SESSION_BUDGET = Budget(seconds=0.6)
+SESSION_BUDGET = Budget(seconds=0.4)
 """Backends whose leases do not expire: histories cost round trips only."""
 EXPIRING_BUDGET = Budget(seconds=4.0, waits=4)
 """TTL without RENEWAL: histories sleep past ttls, which is what finds stale holders."""

@@ -14,6 +14,8 @@ from connections import Row as ConnectionRow
 from contention import Row as ContentionRow
 from many_locks import TARGET_RTTS
 from many_locks import Row as ManyRow
+from takeover import Row as TakeoverRow
+from takeover import table as takeover_table
 
 __all__ = ["Results", "machine_info", "write"]
 
@@ -37,6 +39,7 @@ class Results:
     scheduler_seconds: float = 0.0
     contention_rows: list[ContentionRow] = field(default_factory=list)
     connection_rows: list[ConnectionRow] = field(default_factory=list)
+    takeover_rows: list[TakeoverRow] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     wall_seconds: float = 0.0
@@ -200,6 +203,7 @@ def _lines(results: Results) -> list[str]:
     out += _scheduler_lines(results.scheduler, results.scheduler_seconds)
     out += _contention_lines(results.contention_rows)
     out += _connection_lines(results.connection_rows)
+    out += _takeover_lines(results.takeover_rows)
     return out
 
 
@@ -284,8 +288,9 @@ def _many_lines(rows: list[ManyRow], delayed: list[ManyRow], delay_ms: float) ->
             "",
             f"### Through a proxy delaying {delay_ms:g} ms each way (a LAN)",
             "",
-            "The same measurement through `benchmarks/_delay_proxy.py`, a TCP proxy in",
-            "a process of its own: what the target in round trips is about. The raw",
+            "The same measurement through `multilock.testing.TcpProxy`, the tests' TCP",
+            "proxy, in a process of its own (`benchmarks/_delay_proxy.py`): what the",
+            "target in round trips is about. The raw",
             "pattern costs one round trip per lock; `try_acquire_many` stays near one.",
             "",
         ]
@@ -385,6 +390,26 @@ def _connection_lines(rows: list[ConnectionRow]) -> list[str]:
     ]
     out += [f"| {r.variant} | {r.jobs} | {r.concurrent} | {r.connections} |" for r in rows]
     return out
+
+
+def _takeover_lines(rows: list[TakeoverRow]) -> list[str]:
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Takeover: a standby leads once the leader goes",
+        "",
+        "Two replicas of `multilock.leadership` on one name, with its defaults (poll 1 s,",
+        "jitter 0.1 s, ttl 10 s). *Left*: from the leader leaving its block (the lease",
+        "released) at a random moment of the standby's polls, to the standby's `elected`:",
+        "a round trip where the backend announces releases (memory://, Redis, ZooKeeper),",
+        "else at most a poll and its jitter. *Killed*: from the SIGKILL of a leader process to",
+        "the standby's `elected`: the next poll once the backend frees the lease, at once",
+        "where it is the session's (PostgreSQL, MySQL, a flock), after the session",
+        "timeout or the ttl elsewhere.",
+        "",
+    ]
+    return out + takeover_table(rows)
 
 
 def write(results: Results, out: Path) -> Path:

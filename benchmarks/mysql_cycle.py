@@ -25,8 +25,6 @@ import asyncio
 import sys
 from typing import Any
 
-import aiomysql
-import pymysql
 from _cycle import (
     TARGETS,
     SyncCycle,
@@ -43,6 +41,7 @@ from _cycle import (
 import multilock
 from multilock.backend import LockURL
 from multilock_mysql._config import parse_settings
+from multilock_mysql._runtime import async_connect, connect
 
 QUICK, FULL = (5, 100), (40, 500)  # (rounds, cycles per round)
 NAME = "multilock-benchmark-cycle"
@@ -76,7 +75,7 @@ def _pymysqllock_cycle(url: str, name: str) -> SyncCycle | None:
 
 def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
     """Time the sync variants; returns microseconds per cycle by variant."""
-    conn = pymysql.connect(**_settings(url).sync_connect_kwargs())
+    conn = connect(_settings(url))
     cursor = conn.cursor()
     with multilock.connect(url) as locker:
 
@@ -114,7 +113,7 @@ def run_sync(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
 async def run_async(url: str, rounds: int, per_round: int) -> dict[str, list[float]]:
     """Time the async variants; returns microseconds per cycle by variant."""
     locker = multilock.connect_async(url)
-    conn = await aiomysql.connect(**_settings(url).async_connect_kwargs())
+    conn = await async_connect(_settings(url))
     cursor = await conn.cursor()
     try:
 

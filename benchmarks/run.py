@@ -1,6 +1,6 @@
 """Every benchmark in one run: writes ``docs/benchmarks.md`` and the plots in ``docs/img/``.
 
-    python benchmarks/run.py                # the full run (about ten minutes)
+    python benchmarks/run.py                # the full run (about fifteen minutes)
     python benchmarks/run.py --quick        # CI smoke: all of it, small and short
     python benchmarks/run.py --only cycle,many --out build/bench
 
@@ -9,7 +9,9 @@ async, against the raw client, the server's round trip and the peers), ``many``
 (try_acquire_many of N names against N raw calls), ``scheduler`` (N interval
 jobs on memory:// and PostgreSQL against APScheduler 3), ``contention`` (50
 contenders on one name per backend), ``connections`` (PostgreSQL connections of
-one replica running 100 jobs at once, against the seed pattern). A section
+one replica running 100 jobs at once, against the seed pattern), ``takeover``
+(how long a standby takes to lead once the leader leaves or is killed, per
+backend). A section
 whose server is down is reported as not run; the others still run.
 
 ``--quick`` checks that everything still runs (under two minutes) and writes
@@ -38,13 +40,14 @@ import nats_cycle
 import postgres_cycle
 import redis_cycle
 import scheduler_load
+import takeover
 import zookeeper_cycle
 from _cycle import Table, reachable, server_url
 
 import multilock
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-SECTIONS = ("cycle", "many", "scheduler", "contention", "connections")
+SECTIONS = ("cycle", "many", "scheduler", "contention", "connections", "takeover")
 _CYCLES = {
     "postgresql": postgres_cycle,
     "redis": redis_cycle,
@@ -109,12 +112,17 @@ def _connections(results: _report.Results, quick: bool) -> None:
     results.connection_rows = connections.measure(url, 20 if quick else 100, 0.5 if quick else 2.0)
 
 
+def _takeover(results: _report.Results, quick: bool) -> None:
+    results.takeover_rows = takeover.measure(quick)
+
+
 _RUNNERS: dict[str, Callable[[_report.Results, bool], None]] = {
     "cycle": _cycle,
     "many": _many,
     "scheduler": _scheduler,
     "contention": _contention,
     "connections": _connections,
+    "takeover": _takeover,
 }
 
 

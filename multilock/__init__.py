@@ -12,6 +12,13 @@ The public API is what this module exports::
             with lease:
                 reindex(fencing_token=lease.fencing_token)
 
+One replica leading the others, for work that is not a scheduled job::
+
+    async with multilock.leadership(locker, "ingest-leader") as lead:
+        await lead.elected  # until this replica is elected
+        while lead.is_leader:
+            await ingest_batch()
+
 Backend authors find their kit in :mod:`multilock.backend`, the contract in
 :mod:`multilock.abc` and the conformance suite in :mod:`multilock.testing`.
 """
@@ -25,6 +32,7 @@ from ._locks.registry import connect, connect_async, installed_schemes, register
 from ._scheduling.clock import Clock, ManualClock, SystemClock
 from ._scheduling.events import EventKind, JobEvent
 from ._scheduling.jobs import Job, RunContext, current_run
+from ._scheduling.leadership import AsyncLeadership, Leadership, leadership
 from ._scheduling.per_tick import once_per_tick
 from ._scheduling.scheduler import Scheduler
 from ._scheduling.triggers import Trigger, cron, daily, every, monthly, once, weekly
@@ -34,6 +42,7 @@ from .abc import AsyncDistributedLock, AsyncLease, Capability, DistributedLock, 
 __all__ = [
     "AsyncDistributedLock",
     "AsyncHold",
+    "AsyncLeadership",
     "AsyncLease",
     "Capability",
     "Clock",
@@ -42,6 +51,7 @@ __all__ = [
     "Hold",
     "Job",
     "JobEvent",
+    "Leadership",
     "Lease",
     "LostSignal",
     "ManualClock",
@@ -59,6 +69,7 @@ __all__ = [
     "every",
     "hold",
     "installed_schemes",
+    "leadership",
     "monthly",
     "once",
     "once_per_tick",

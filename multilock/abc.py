@@ -169,7 +169,8 @@ class AsyncLease(Protocol):
 
 
 class DistributedLock(Protocol):
-    """A sync locker: takes leases on names, never waiting for another holder."""
+    """A sync locker: takes leases on names (``try_acquire`` never waits for another
+    holder; ``acquire`` does)."""
 
     @property
     def capabilities(self) -> frozenset[Capability]:
@@ -190,6 +191,13 @@ class DistributedLock(Protocol):
         self, names: Iterable[str], *, ttl: Duration | None = None
     ) -> Mapping[str, Lease | None]:
         """``try_acquire`` for each name (in order); a lease or ``None`` per name."""
+
+    def acquire(
+        self, name: str, *, timeout: Duration | None = None, ttl: Duration | None = None
+    ) -> Lease:
+        """A lease on ``name``, waiting until it is free: at most ``timeout`` (``None``:
+        as long as it takes; ``0``: one try), then
+        :class:`~multilock.errors.LockTimeout`, leaving nothing held or queued."""
 
     def close(self) -> None:
         """Release every lease still held and close the connection."""
@@ -222,6 +230,13 @@ class AsyncDistributedLock(Protocol):
         self, names: Iterable[str], *, ttl: Duration | None = None
     ) -> Mapping[str, AsyncLease | None]:
         """``try_acquire`` for each name (in order); a lease or ``None`` per name."""
+
+    async def acquire(
+        self, name: str, *, timeout: Duration | None = None, ttl: Duration | None = None
+    ) -> AsyncLease:
+        """A lease on ``name``, waiting until it is free: at most ``timeout``, then
+        :class:`~multilock.errors.LockTimeout`. A wait that times out or is cancelled
+        leaves nothing held or queued."""
 
     async def aclose(self) -> None:
         """Release every lease still held and close the connection."""

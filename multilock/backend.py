@@ -13,9 +13,11 @@ from ._locks.base import (
     MAX_NAME_BYTES,
     AsyncLeaseBase,
     AsyncLockerBase,
+    AsyncReleaseWatch,
     LeaseBase,
     LockerBase,
     LockInfo,
+    ReleaseWatch,
     new_token,
 )
 from ._locks.outcome import Outcome, finish_shielded
@@ -30,6 +32,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "AsyncLeaseBase",
     "AsyncLockerBase",
+    "AsyncReleaseWatch",
     "Backend",
     "Capability",
     "ConformanceHooks",
@@ -41,6 +44,7 @@ __all__ = [
     "LostSignal",
     "OptionParser",
     "Outcome",
+    "ReleaseWatch",
     "as_bool",
     "as_duration",
     "as_int",

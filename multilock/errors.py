@@ -12,6 +12,7 @@ backend boundary, never leaked raw::
     │   ├── InvalidOption             unknown option, or a value of the wrong form
     │   └── InvalidLockName           a name the backend cannot represent
     ├── BackendUnavailable            could not ask the backend (never "held elsewhere")
+    ├── LockTimeout                   (also a TimeoutError) a waiting acquire's timeout passed
     └── LockLost                      a lease we held is no longer ours
         └── NotOwner                  ... and the lock now belongs to another holder
 
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidOption",
     "InvalidURL",
     "LockLost",
+    "LockTimeout",
     "MissingBackend",
     "MultilockError",
     "NotOwner",
@@ -66,6 +68,13 @@ class BackendUnavailable(MultilockError, ConnectionError):
     """The backend could not be asked: connection refused, timed out or dropped.
 
     Distinct from "held elsewhere", which is ``try_acquire`` returning ``None``.
+    """
+
+
+class LockTimeout(MultilockError, TimeoutError):
+    """``acquire(name, timeout=...)`` waited its whole timeout and the name stayed held.
+
+    Nothing is held or queued for the caller when it is raised.
     """
 
 

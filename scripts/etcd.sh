@@ -52,17 +52,18 @@ listening() {
 }
 
 install_etcd() {
-    if command -v etcd >/dev/null 2>&1; then
+    # etcdctl (etcd-client) too: the fault tests revoke leases and add users with it.
+    if command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1; then
         return 0
     fi
-    log "installing Debian's etcd-server package"
+    log "installing Debian's etcd-server and etcd-client packages"
     local sudo=""
     if [ "$(id -u)" -ne 0 ]; then
         sudo="sudo"
     fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-        etcd-server >/dev/null
+        etcd-server etcd-client >/dev/null
 }
 
 # One `start`/`stop` at a time (several test runs may share the machine).
@@ -85,6 +86,7 @@ users() { cat "$STATE/users" 2>/dev/null || echo 0; }
 
 start() {
     serialize
+    install_etcd # also where a server runs: the tests use this machine's etcdctl
     if listening; then
         if our_pid >/dev/null; then
             echo $(($(users) + 1)) >"$STATE/users"
@@ -94,7 +96,6 @@ start() {
         fi
         return 0
     fi
-    install_etcd
     if [ "$KEEP_DATA" != 1 ]; then
         rm -rf "$STATE/data"
     fi

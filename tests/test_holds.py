@@ -193,6 +193,15 @@ class Delegating:
     ) -> Mapping[str, Lease | None]:
         return self.inner.try_acquire_many(names, ttl=ttl)
 
+    def acquire(
+        self,
+        name: str,
+        *,
+        timeout: float | str | timedelta | None = None,
+        ttl: float | str | timedelta | None = None,
+    ) -> Lease:
+        return self.inner.acquire(name, timeout=timeout, ttl=ttl)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -228,6 +237,15 @@ class AsyncDelegating:
         self, names: Iterable[str], *, ttl: float | str | timedelta | None = None
     ) -> Mapping[str, AsyncLease | None]:
         return await self.inner.try_acquire_many(names, ttl=ttl)
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        timeout: float | str | timedelta | None = None,
+        ttl: float | str | timedelta | None = None,
+    ) -> AsyncLease:
+        return await self.inner.acquire(name, timeout=timeout, ttl=ttl)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -7,11 +7,29 @@ third party without an entry point would.
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 
 from multilock._locks import registry as _registry
+
+
+def _defects() -> dict[str, str]:
+    """flawed_backends.DEFECTS, loaded from its file (tests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "_flawed_catalogue", Path(__file__).with_name("flawed_backends.py")
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    defects: dict[str, str] = module.DEFECTS
+    return defects
+
+
+DEFECTS = _defects()
 
 pytest_plugins = ["pytester"]
 
@@ -23,6 +41,12 @@ def _failed(pytester: pytest.Pytester, url: str, *args: str) -> tuple[set[str], 
     source = Path(__file__).with_name("flawed_backends.py").read_text()
     pytester.makepyfile(flawed_backends=source)
     pytester.makeconftest("import flawed_backends\n\nflawed_backends.register()\n")
+    # An entry point, so that the suite's child processes find flawdb:// by its scheme.
+    info = pytester.mkdir("flawed_backends-0.dist-info")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flawed-backends\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[multilock.backends]\nflawdb = flawed_backends:db_backend\n"
+    )
     pytester.syspathinsert()
     rec = pytester.inline_run(*_QUIET, "--multilock-url", url, *args)
     passed, _skipped, failed = rec.listoutcomes()
@@ -98,3 +122,77 @@ def test_declared_promise_without_hooks_fails(pytester: pytest.Pytester) -> None
     """LOST_SIGNAL declared but no hooks to prove it: a failure, never a skip."""
     failed, _ = _failed(pytester, "nohooks://x", "-k", "lost_signal")
     assert failed == {"test_lost_signal_fires[sync]", "test_lost_signal_fires[async]"}
+
+
+def _db_url(pytester: pytest.Pytester, flaw: str) -> str:
+    return f"flawdb://{pytester.path}/locks.db?flaw={flaw}"
+
+
+def test_reference_backend_passes_whole_suite(pytester: pytest.Pytester) -> None:
+    """The correct original of the catalogue passes every check, sync and async."""
+    failed, passed = _failed(pytester, _db_url(pytester, "none"))
+    assert failed == set()
+    assert passed >= 50
+
+
+_CATCHES = Path(__file__).parent.parent / "docs" / "conformance.md"
+
+
+def _documented() -> dict[str, tuple[str, set[str]]]:
+    """docs/conformance.md's "what the suite catches" rows: flaw -> (defect, checks)."""
+    rows = {}
+    for line in _CATCHES.read_text().splitlines():
+        match = re.fullmatch(r"\| `flaw=(\w+)` \| (.+) \| (.+) \|", line)
+        if match:
+            checks = set(re.findall(r"`(test_\w+)`", match[3]))
+            rows[match[1]] = (match[2], checks)
+    return rows
+
+
+def test_catalogue_is_documented() -> None:
+    """Every defect of flawdb:// has its row, with its description, and nothing else."""
+    documented = _documented()
+    assert set(documented) == set(DEFECTS) - {"none"}
+    for flaw, (defect, checks) in documented.items():
+        assert defect == DEFECTS[flaw], f"{flaw}: the docs say {defect!r}"
+        assert checks, f"{flaw}: no failing check documented"
+    assert len(documented) + 6 >= 25  # with the in-process flaws above
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flaw", sorted(set(DEFECTS) - {"none"}))
+def test_suite_fails_every_defect(pytester: pytest.Pytester, flaw: str) -> None:
+    """The suite (its sync variant) fails each defect, on exactly the documented checks."""
+    # Not the model check: it draws its histories at random, so which of these
+    # defects it finds within its budget varies from run to run.
+    failed, _ = _failed(
+        pytester, _db_url(pytester, flaw), "-k", "not async and not model_checked_history"
+    )
+    checks = {name.removesuffix("[sync]") for name in failed}
+    row = f"| `flaw={flaw}` | {DEFECTS[flaw]} | " + ", ".join(f"`{c}`" for c in sorted(checks))
+    assert checks, f"the suite passes flawdb with flaw={flaw}"
+    assert checks == _documented()[flaw][1], f"docs/conformance.md should say:\n{row} |"
+
+
+def test_acquire_that_never_waits_fails_the_waiting_checks(pytester: pytest.Pytester) -> None:
+    """An acquire that gives up at once, timeout or not: caught by every waiting check
+    that meets a held name."""
+    failed, _ = _failed(pytester, "impatient://x", "-k", "acquire and not cancel")
+    assert failed == {
+        f"{check}[{api}]"
+        for check in (
+            "test_acquire_waits_for_release",
+            "test_acquire_times_out_leaving_nothing",
+            "test_acquire_serves_every_waiter",
+        )
+        for api in ("sync", "async")
+    }
+
+
+def test_timed_out_wait_left_queued_fails_the_timeout_check(pytester: pytest.Pytester) -> None:
+    """A wait that times out but leaves its claim queued takes the name on release: caught."""
+    failed, _ = _failed(pytester, "queueing://x", "-k", "acquire")
+    assert failed == {
+        "test_acquire_times_out_leaving_nothing[sync]",
+        "test_acquire_times_out_leaving_nothing[async]",
+    }

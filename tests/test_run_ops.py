@@ -3,6 +3,7 @@ waiting for the backend; the metrics and health endpoints, on loopback unless to
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -13,9 +14,12 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
+from multilock.testing import poll
 
 APP = """
 import multilock
@@ -224,3 +228,56 @@ def test_no_password_on_the_command_line_of_run_or_its_children(app: Path) -> No
         # The environment is the owner's alone to read (unlike the command line).
         assert (Path(f"/proc/{process.pid}/environ").stat().st_mode & 0o077) == 0
     assert SECRET not in "".join(said)
+
+
+# --- multilock jobs: the jobs of a scheduler, and their last outcome as replicas saw it ---
+
+
+def jobs(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``multilock jobs opsapp:scheduler ARGS`` (stdout not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "multilock", "jobs", "opsapp:scheduler", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        check=False,
+    )  # fmt: skip
+
+
+def test_jobs_lists_the_jobs_with_their_next_fire_times(app: Path) -> None:
+    done = jobs(app)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    name, trigger, mode, first, last = line.split("\t")
+    assert (name, mode, last) == ("app-tick", "lock", "")
+    assert trigger.startswith("every(0:00:01")
+    assert datetime.fromisoformat(first) > datetime.now(UTC)
+    done = jobs(app, "--json", "-n", "4")
+    (row,) = json.loads(done.stdout)
+    fires = [datetime.fromisoformat(fire) for fire in row["next"]]
+    assert [(b - a).total_seconds() for a, b in itertools.pairwise(fires)] == [1.0] * 3
+    assert row["last"] is None
+
+
+def test_jobs_shows_the_last_outcome_a_running_replica_saw(app: Path) -> None:
+    port = _free_port()
+    with serving(app, "--health-port", str(port)):
+
+        def last() -> dict[str, object] | None:
+            done = jobs(app, "--replica", f"127.0.0.1:{port}", "--json")
+            assert done.returncode == 0, done.stderr
+            found: dict[str, object] | None = json.loads(done.stdout)[0]["last"]
+            return found
+
+        seen = poll("an outcome of app-tick at /jobs", last, within=30, every=0.2)
+        assert seen is not None
+        assert seen["outcome"] == "succeeded"
+        assert isinstance(seen["replica"], str)
+        done = jobs(app, "--replica", f"127.0.0.1:{port}")
+        assert "\tsucceeded " in done.stdout
+
+
+def test_jobs_with_an_unreachable_replica_is_one_line(app: Path) -> None:
+    port = _free_port()
+    done = jobs(app, "--replica", f"127.0.0.1:{port}")
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: cannot read http://127.0.0.1:{port}/jobs: ")

@@ -1,4 +1,5 @@
-"""The ``multilock`` command line (click + rich): run, demo, conformance, locks, key, next.
+"""The ``multilock`` command line (click + rich): run, once, demo, conformance, locks,
+jobs, key, next.
 
 Exit codes, for every command: 0 success; 1 the operation ran and failed
 (conformance failures, a backend that cannot be reached); 2 bad input (URL,

@@ -69,7 +69,7 @@ def _quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``multilock`` script and ``python -m multilock``."""
     # Each module registers its command; none imports pytest (`conformance` does, when run).
-    from . import _conformance, _demo, _key, _locks, _next, _once, _run  # noqa: F401
+    from . import _conformance, _demo, _jobs, _key, _locks, _next, _once, _run  # noqa: F401
 
     _quiet_libraries()
     try:

@@ -1,4 +1,4 @@
-"""The HTTP endpoints of ``multilock run``: ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The HTTP endpoints of ``multilock run``: ``/metrics``, ``/healthz``, ``/readyz``, ``/jobs``.
 
 Served by the standard library's WSGI server on a daemon thread, one server per
 address and port: ``--health-port`` and ``--metrics-port`` may share one. ``/metrics``
@@ -7,6 +7,7 @@ is prometheus-client's own WSGI application.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -16,10 +17,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .._scheduling.scheduler import Scheduler
 from ..errors import ConfigurationError
+from ._job_view import LastOutcomes, job_rows
 
 __all__ = ["Endpoints", "serve"]
 
 _LIVENESS_TIMEOUT = 1.0  # seconds the event loop has to run a callback for /healthz
+_JOBS_NEXT = 3  # next fire times per job in /jobs
 
 StartResponse = Callable[..., Any]
 App = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -47,9 +50,23 @@ class Endpoints:
 
     def add_health(self) -> None:
         """Answer ``/healthz`` (alive: the event loop runs) and ``/readyz`` (ready: the
-        backend answered the last probe): 200, or 503 with the reason."""
+        backend answered the last probe): 200, or 503 with the reason; and ``/jobs``
+        (JSON: each job's next fire times and last outcome, for ``multilock jobs``)."""
         self.paths["/healthz"] = self._check(lambda: self.scheduler.liveness(_LIVENESS_TIMEOUT))
         self.paths["/readyz"] = self._check(self.scheduler.readiness)
+        outcomes = LastOutcomes()
+        self.scheduler.add_listener(outcomes)
+        self.paths["/jobs"] = self._jobs(outcomes)
+
+    def _jobs(self, outcomes: LastOutcomes) -> App:
+        def answer(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+            rows = job_rows(self.scheduler, _JOBS_NEXT, outcomes)
+            body = {"replica": self.scheduler.replica_id, "jobs": rows}
+            headers = [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+            start_response("200 OK", headers)
+            return [json.dumps(body).encode()]
+
+        return answer
 
     def add_metrics(self) -> None:
         """Answer ``/metrics`` from the global Prometheus registry."""

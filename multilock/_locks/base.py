@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
+import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -29,7 +31,7 @@ from .._durations import MAX_DURATION, Duration, parse_duration
 from .._signal import LostSignal
 from .._url import LockURL
 from ..abc import Capability, LockInfo
-from ..errors import InvalidLockName, LockLost, MultilockError
+from ..errors import ConfigurationError, InvalidLockName, LockLost, LockTimeout, MultilockError
 from .holds import AsyncHold, Hold
 from .outcome import Outcome, finish_shielded, in_task, undo_on_cancel, wait_finished
 
@@ -37,9 +39,12 @@ __all__ = [
     "MAX_NAME_BYTES",
     "AsyncLeaseBase",
     "AsyncLockerBase",
+    "AsyncReleaseWatch",
     "LeaseBase",
     "LockInfo",
     "LockerBase",
+    "Patience",
+    "ReleaseWatch",
     "check_name",
     "new_token",
 ]
@@ -251,6 +256,119 @@ def _shown(name: str) -> str:
     return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
 
 
+FIRST_WAIT = 0.005
+"""Seconds a waiting acquire first waits between two tries (then twice as long each time)."""
+POLL_CAP = 0.25
+"""The longest wait between two tries of a backend that is not woken by releases."""
+WAKE_CAP = 2.0
+"""The longest wait between two tries of a backend woken by releases: its safety net for
+the releases nobody announces (a ttl that ran out, a holder that died)."""
+
+
+def parse_timeout(timeout: object) -> float | None:
+    """``acquire()``'s timeout in seconds: ``None`` (wait as long as it takes), ``0`` (one
+    try) or a duration, checked before any server is asked."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, bool) and isinstance(timeout, int | float) and timeout == 0:
+        return 0.0
+    if isinstance(timeout, timedelta) and timeout == timedelta(0):
+        return 0.0
+    try:
+        return parse_duration(timeout, what="timeout")
+    except ConfigurationError:
+        if isinstance(timeout, int | float) and timeout < 0:
+            raise ConfigurationError(f"invalid timeout: {timeout!r} is negative") from None
+        raise
+
+
+class Patience:
+    """The clock of one waiting acquire: its deadline and its jittered, capped backoff.
+
+    ``next_wait()`` gives how long to wait before the next try (at most until the
+    deadline) or raises :class:`~multilock.errors.LockTimeout` once the deadline has
+    passed. The waits start at :data:`FIRST_WAIT`, double up to the cap, and each is
+    drawn between half and all of its step, so that waiters woken together spread out.
+    """
+
+    __slots__ = ("_deadline", "_limit", "_name", "_step")
+
+    def __init__(self, name: str, timeout: object) -> None:
+        self._name = name
+        self._limit = parse_timeout(timeout)
+        self._deadline = None if self._limit is None else time.monotonic() + self._limit
+        self._step = FIRST_WAIT
+
+    def next_wait(self, wakes: bool = False) -> float:
+        """Seconds to wait before the next try (capped at :data:`WAKE_CAP` when ``wakes``,
+        the watch being woken by releases, else :data:`POLL_CAP`); :class:`LockTimeout`
+        past the deadline."""
+        wait = random.uniform(self._step / 2, self._step)
+        self._step = min(self._step * 2, WAKE_CAP if wakes else POLL_CAP)
+        if self._deadline is None:
+            return wait
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise LockTimeout(
+                f"lock {_shown(self._name)} stayed held for the whole timeout ({self._limit:g} s)"
+            )
+        return min(wait, left)
+
+
+class AsyncReleaseWatch:
+    """What a waiting acquire waits on between two tries (``_watch_released``).
+
+    This one only sleeps: the kit then polls with backoff. A backend told of releases
+    returns its own, which listens from before a try -- from ``__aenter__`` (before the
+    first try), or from its first ``wait``, which then returns at once so that the
+    next try is made listening: no release falls between a try and the listening --
+    and returns from ``wait`` as soon as a release of the name is announced. Wake-ups
+    are hints: the acquire always tries again, and keeps polling at :data:`WAKE_CAP`
+    for releases nobody announces. ``__aexit__`` must leave nothing behind (no
+    subscription, no queued claim), even when the caller is cancelled.
+    """
+
+    wakes = False
+    """Whether ``wait`` returns early when the name is released (it may change: a watch
+    whose listening failed polls)."""
+
+    # sync-by-hand: the sync watch sleeps with time.sleep
+    async def wait(self, seconds: float) -> None:
+        """Return after ``seconds``, or earlier when the name may have been released."""
+        await asyncio.sleep(seconds)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+
+class ReleaseWatch:
+    """What a waiting acquire waits on between two tries (sync API; see
+    :class:`AsyncReleaseWatch`)."""
+
+    def wait(self, seconds: float) -> None:
+        """Return after ``seconds``, or earlier when the name may have been released."""
+        time.sleep(seconds)
+
+    # Generated from AsyncReleaseWatch by scripts/async_to_sync.py: edit that class and rerun.
+    wakes = False
+
+    """Whether ``wait`` returns early when the name is released (it may change: a watch
+    whose listening failed polls)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+
 class _LockerCommon:
     capabilities: frozenset[Capability] = frozenset()
     max_name_length: int | None = None  # in UTF-8 bytes, where the backend has a limit
@@ -334,6 +452,36 @@ class LockerBase(_LockerCommon):
         self._release_leases(pending)
 
     # Generated from AsyncLockerBase by scripts/async_to_sync.py: edit that class and rerun.
+    def acquire(
+        self, name: str, *, timeout: Duration | None = None, ttl: Duration | None = None
+    ) -> LeaseBase:
+        """A lease on ``name``, waiting until it is free: at most ``timeout`` (``None``:
+        as long as it takes; ``0``: one try), then :class:`~multilock.errors.LockTimeout`.
+
+        Woken by the release where the backend can tell (``_watch_released``), else
+        polling with jittered backoff. A wait that times out or is cancelled leaves
+        nothing held and nothing queued.
+        """
+        checked, seconds = self._check(name), self._ttl(ttl)
+        patience = Patience(checked, timeout)
+        lease = None
+        try:
+            with self._watch_released(checked) as watch:
+                while (lease := self.try_acquire(checked, ttl=seconds)) is None:
+                    watch.wait(patience.next_wait(watch.wakes))
+        except BaseException:
+            # Granted, then interrupted while the watch closed (a cancellation landing
+            # in its __aexit__): nobody will have the lease, so nobody may keep the lock.
+            if lease is not None:
+                lease.release()
+            raise
+        return lease
+
+    def _watch_released(self, name: str) -> ReleaseWatch:
+        """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`).
+        By default one that only sleeps: the waiting acquire polls."""
+        return ReleaseWatch()
+
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
         raise NotImplementedError
 
@@ -392,6 +540,36 @@ class AsyncLockerBase(_LockerCommon):
         started = self._start_try_acquire_many(checked, seconds)
         work = self._try_acquire_many(checked, seconds) if started is None else started
         return await undo_on_cancel(work, lambda leases: list(leases.values()))
+
+    async def acquire(
+        self, name: str, *, timeout: Duration | None = None, ttl: Duration | None = None
+    ) -> AsyncLeaseBase:
+        """A lease on ``name``, waiting until it is free: at most ``timeout`` (``None``:
+        as long as it takes; ``0``: one try), then :class:`~multilock.errors.LockTimeout`.
+
+        Woken by the release where the backend can tell (``_watch_released``), else
+        polling with jittered backoff. A wait that times out or is cancelled leaves
+        nothing held and nothing queued.
+        """
+        checked, seconds = self._check(name), self._ttl(ttl)
+        patience = Patience(checked, timeout)
+        lease = None
+        try:
+            async with self._watch_released(checked) as watch:
+                while (lease := await self.try_acquire(checked, ttl=seconds)) is None:
+                    await watch.wait(patience.next_wait(watch.wakes))
+        except BaseException:
+            # Granted, then interrupted while the watch closed (a cancellation landing
+            # in its __aexit__): nobody will have the lease, so nobody may keep the lock.
+            if lease is not None:
+                await lease.release()
+            raise
+        return lease
+
+    def _watch_released(self, name: str) -> AsyncReleaseWatch:
+        """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`).
+        By default one that only sleeps: the waiting acquire polls."""
+        return AsyncReleaseWatch()
 
     # async-only
     def _try_acquire_many_started(

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, TypeVar
+from collections.abc import Callable
+from contextlib import suppress
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 from .._url import LockURL, OptionParser, as_duration
 from ..abc import Capability
 from .base import (
     AsyncLeaseBase,
     AsyncLockerBase,
+    AsyncReleaseWatch,
     LeaseBase,
     LockerBase,
     LockInfo,
+    ReleaseWatch,
     _LeaseState,
     new_token,
 )
@@ -37,6 +42,26 @@ class _Namespace:
         self.guard = threading.Lock()
         self.holders: dict[str, _LeaseState] = {}
         self.fences: dict[str, int] = {}
+        # The waiting acquires of each name: called (outside the guard) once it is freed.
+        self.waiters: dict[str, set[Callable[[], None]]] = {}
+
+    def listen(self, name: str, wake: Callable[[], None]) -> None:
+        with self.guard:
+            self.waiters.setdefault(name, set()).add(wake)
+
+    def unlisten(self, name: str, wake: Callable[[], None]) -> None:
+        with self.guard:
+            waiting = self.waiters.get(name)
+            if waiting is not None:
+                waiting.discard(wake)
+                if not waiting:
+                    del self.waiters[name]
+
+    def _freed(self, name: str) -> None:
+        with self.guard:
+            waiting = list(self.waiters.get(name, ()))
+        for wake in waiting:
+            wake()
 
     def take(self, name: str, make: Any) -> Any:
         with self.guard:
@@ -53,7 +78,8 @@ class _Namespace:
             if self.holders.get(lease.name) is not lease:
                 return False  # compare-and-delete: a stale lease never frees the new holder
             del self.holders[lease.name]
-            return True
+        self._freed(lease.name)
+        return True
 
     def revoke(self, name: str, reason: str) -> bool:
         with self.guard:
@@ -61,6 +87,7 @@ class _Namespace:
         if lease is None:
             return False
         lease._mine.discard(lease)  # type: ignore[attr-defined]
+        self._freed(name)
         return lease.lost.set(reason)
 
 
@@ -114,6 +141,64 @@ def _settled(value: T) -> Outcome[T]:
     return outcome
 
 
+class AsyncMemoryWatch(AsyncReleaseWatch):
+    """A waiting acquire's watch on a ``memory://`` name: woken by its release, from any
+    thread or event loop of the process."""
+
+    wakes = True
+
+    def __init__(self, space: _Namespace, name: str) -> None:
+        self._space = space
+        self._name = name
+        self._freed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def _wake(self) -> None:
+        with suppress(RuntimeError):  # the waiter's loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._freed.set)
+
+    async def wait(self, seconds: float) -> None:
+        """Until the name is released, or ``seconds`` have passed."""
+        with suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._freed.wait()
+        self._freed.clear()
+
+    async def __aenter__(self) -> Self:
+        self._space.listen(self._name, self._wake)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._space.unlisten(self._name, self._wake)
+
+
+class MemoryWatch(ReleaseWatch):
+    """A waiting acquire's watch on a ``memory://`` name (sync API)."""
+
+    wakes = True
+
+    def __init__(self, space: _Namespace, name: str) -> None:
+        self._space = space
+        self._name = name
+        self._freed = threading.Event()
+
+    def wait(self, seconds: float) -> None:
+        """Until the name is released, or ``seconds`` have passed."""
+        self._freed.wait(seconds)
+        self._freed.clear()
+
+    def __enter__(self) -> Self:
+        self._space.listen(self._name, self._freed.set)
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._space.unlisten(self._name, self._freed.set)
+
+
 class _MemoryCommon:
     capabilities = frozenset(
         {
@@ -155,7 +240,7 @@ class _MemoryCommon:
 
     def _drop_all(self) -> None:
         for lease in list(self._mine):
-            self._space.drop(lease)
+            self._space.drop(lease)  # which wakes the name's waiters
             lease._released = True
         self._mine.clear()
 
@@ -170,6 +255,9 @@ class MemoryLocker(_MemoryCommon, LockerBase):
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
         lease: LeaseBase | None = self._take(name, MemoryLease)
         return lease
+
+    def _watch_released(self, name: str) -> MemoryWatch:
+        return MemoryWatch(self._space, name)
 
     def _close(self) -> None:
         self._drop_all()
@@ -196,6 +284,9 @@ class AsyncMemoryLocker(_MemoryCommon, AsyncLockerBase):
     ) -> Outcome[dict[str, AsyncLeaseBase | None]]:
         # All in one go, settled at once: no task, nothing to await between names.
         return _settled({name: self._take(name, AsyncMemoryLease) for name in names})
+
+    def _watch_released(self, name: str) -> AsyncMemoryWatch:
+        return AsyncMemoryWatch(self._space, name)
 
     async def _close(self) -> None:
         self._drop_all()

@@ -13,7 +13,8 @@ from typing import Any, Self, TypeVar
 
 from .._durations import Duration
 from ..abc import Capability, DistributedLock, Lease
-from .base import AsyncLeaseBase
+from .base import AsyncLeaseBase, Patience
+from .outcome import undo_on_cancel
 
 __all__ = ["AsyncView"]
 
@@ -59,6 +60,19 @@ class AsyncView:
             n: None if lease is None else AsyncLeaseView(lease, self) for n, lease in leases.items()
         }
 
+    async def acquire(
+        self, name: str, *, timeout: Duration | None = None, ttl: Duration | None = None
+    ) -> AsyncLeaseView:
+        """Wait for ``name`` by polling ``try_acquire`` with jittered backoff: the sync
+        locker's own ``acquire`` would hold the one worker thread, and no cancellation
+        could reach it. Each try is let finish when cancelled, and its lease released."""
+        patience = Patience(name, timeout)
+        while True:
+            lease = await undo_on_cancel(self.try_acquire(name, ttl=ttl), _one)
+            if lease is not None:
+                return lease
+            await asyncio.sleep(patience.next_wait())
+
     async def aclose(self) -> None:
         """Stop the worker thread; the sync locker stays open (it belongs to the caller)."""
         await asyncio.to_thread(self._thread.shutdown, wait=True)
@@ -70,6 +84,10 @@ class AsyncView:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+def _one(lease: AsyncLeaseView | None) -> list[AsyncLeaseView | None]:
+    return [lease]
 
 
 class AsyncLeaseView(AsyncLeaseBase):

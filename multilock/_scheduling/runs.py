@@ -1,5 +1,9 @@
 """One run of one job: start it, watch it, hold its lease, end it.
 
+Where the run is in its life (running, lost, timed out, holding, releasing, done) is
+its :class:`~multilock._scheduling.run_states.RunLifecycle`'s to say: every change
+goes through one of its transitions.
+
 A run is driven by callbacks on the event loop, not by a task of its own: the
 body's done callback, the lease's lost signal, a loop timer for the job's
 timeout and one for the end of the lease hold. With a thousand jobs due at one
@@ -13,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -21,8 +26,9 @@ from ..abc import AsyncLease
 from .clock import Clock, SharedTimers, call_at
 from .events import EventKind
 from .jobs import Job, RunContext, start_run
+from .run_states import JobState, RunLifecycle, RunState
 
-__all__ = ["Host", "JobState", "Run", "begin", "wait_quietly"]
+__all__ = ["Emit", "Run", "RunHost", "begin", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
 
@@ -44,25 +50,10 @@ def begin(
         return failed
 
 
-class JobState(Protocol):
-    """What a run reads and changes of its job's state (the scheduler's ``_JobState``)."""
+class Emit(Protocol):
+    """Report an event of a run (here: how the body ended)."""
 
-    running: bool
-    holder: Run | None  # the run holding its lease: told when the next tick takes it over
-
-    def notify(self) -> None:
-        """Wake whoever waits for the state to change."""
-
-    def settle(self) -> None:
-        """The run is over and its lease released."""
-
-
-class Host(Protocol):
-    """What a run needs of its scheduler."""
-
-    clock: Clock
-
-    def _emit(
+    def __call__(
         self,
         kind: EventKind,
         job: Job,
@@ -73,29 +64,35 @@ class Host(Protocol):
         error: BaseException | None = None,
         reason: str | None = None,
     ) -> None:
-        """Report an event of the run (here: how the body ended)."""
+        """Report ``kind`` for the tick ``fire`` of ``job``."""
 
-    def _hold_until(self, job: Job, fire: datetime) -> float:
-        """When (by the clock) the lease of the tick ``fire`` may be released."""
 
-    @property
-    def _hold_timers(self) -> SharedTimers[Run]:
-        """Where a run's hold waits for its end (``Run.hold_ended`` at the deadline): one
-        timer shared by the runs whose holds end at the same time."""
+@dataclass(frozen=True, slots=True)
+class RunHost:
+    """What a run needs of its scheduler, and all it may use of it (the scheduler makes
+    one, of its own methods)."""
 
-    def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
-        """Release ``lease`` (soon, on the loop), then call ``then()``."""
-
-    def _run_finished(self, run: Run) -> None:
-        """The run is over: body, hold and release."""
+    clock: Clock
+    emit: Emit
+    hold_until: Callable[[Job, datetime], float]
+    """When (by the clock) the lease of the tick ``fire`` of ``job`` may be released."""
+    hold_timers: Callable[[], SharedTimers[Run]]
+    """Where a run's hold waits for its end (``Run.hold_ended`` at the deadline): one
+    timer shared by the runs whose holds end at the same time."""
+    release_later: Callable[[AsyncLease, Callable[[], object]], None]
+    """Release ``lease`` (soon, on the loop), then call ``then()``."""
+    run_finished: Callable[[Run], None]
+    """The run is over: body, hold and release."""
 
 
 class Run:
     """One tick's run, its body started: watch the body, report its outcome, keep the
     lease until the hold ends (or the next tick takes it over), release it.
 
-    ``lost`` is the signal whose firing cancels the body: the job's lease, or the
-    leader lease in leader mode (``lease`` is then ``None``: nothing to hold).
+    ``life`` is the tick's lifecycle, ``running`` when the run is made: the run moves it
+    on as the body ends, the hold ends and the release completes. ``lost`` is the signal
+    whose firing cancels the body: the job's lease, or the leader lease in leader mode
+    (``lease`` is then ``None``: nothing to hold).
     """
 
     __slots__ = (
@@ -110,17 +107,15 @@ class Run:
         "fire",
         "job",
         "lease",
+        "life",
         "lost",
         "started",
-        "state",
     )
 
     def __init__(
         self,
-        host: Host,
-        job: Job,
-        fire: datetime,
-        state: JobState,
+        host: RunHost,
+        life: RunLifecycle[JobState],
         lease: AsyncLease | None,
         lost: LostSignal | None,
         context: RunContext,
@@ -130,7 +125,8 @@ class Run:
     ) -> None:
         self._host = host
         self._loop = loop  # the scheduler's
-        self.job, self.fire, self.state = job, fire, state
+        self.life = life
+        self.job, self.fire = life.job, life.fire
         self.lease, self.lost = lease, lost
         # Both dropped once the body is over: a finished task keeps its coroutine and
         # context alive, and a run's hold keeps the run alive for most of a second,
@@ -164,7 +160,7 @@ class Run:
         if self.body is None or self.started is not None:
             return
         self.started = at
-        self._host._emit(EventKind.STARTED, self.job, self.fire, delay=at - self.fire.timestamp())
+        self._host.emit(EventKind.STARTED, self.job, self.fire, delay=at - self.fire.timestamp())
         if self._cut is None:
             self._arm_timeout(at)
 
@@ -185,6 +181,10 @@ class Run:
         if body is None or context is None or body.done() or self._cut is not None:
             return
         self._cut = (kind, reason)
+        if kind is EventKind.LEASE_LOST:
+            self.life.lose()
+        elif kind is EventKind.TIMED_OUT:
+            self.life.time_out()
         context.cancel_event.set()
         # A worker thread cannot be interrupted: its future ends when it returns, and
         # the lease stays held until then.
@@ -196,7 +196,8 @@ class Run:
         if self._cancel_timer is not None:
             self._cancel_timer()
             self._cancel_timer = None
-        self.state.running = False  # notified below, or by the hold
+        state = self.life.job_state
+        state.running = False  # notified below, or by the hold
         error: BaseException | None = None
         reason: str | None = None
         if self._cut is not None:
@@ -209,11 +210,13 @@ class Run:
             error = body.exception()
             kind = EventKind.SUCCEEDED if error is None else EventKind.FAILED
         duration = None if self.started is None else self._host.clock.now() - self.started
-        self._host._emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
+        self._host.emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
+        if self.life.over:
+            return  # ended at shutdown just before: the scheduler releases its lease
         if self.lease is not None and kind is not EventKind.LEASE_LOST:
             self._hold(self.lease)
         else:
-            self.state.notify()
+            state.notify()
             self._release()
 
     # --- the hold ---------------------------------------------------------------------
@@ -221,15 +224,16 @@ class Run:
     def _hold(self, lease: AsyncLease) -> None:
         """Keep the lease until the hold ends, so that a replica firing this tick late
         finds it held; the next tick of this job may take it over meanwhile."""
+        state = self.life.job_state
         if not lease.held:
-            self.state.notify()
+            state.notify()
             self._release()
             return
-        state = self.state
+        self.life.hold()
         state.holder = self  # holding ``lease``, which is ``self.lease``
         state.notify()
-        self._hold_end = self._host._hold_until(self.job, self.fire)
-        self._host._hold_timers.add(self._hold_end, self)
+        self._hold_end = self._host.hold_until(self.job, self.fire)
+        self._host.hold_timers().add(self._hold_end, self)
 
     def handed_over(self) -> None:
         """The next tick's run took the lease over (``_JobState.take_hold``): the hold
@@ -239,7 +243,7 @@ class Run:
 
     def hold_ended(self) -> None:
         """The hold is over (its time came, or the lease was lost): release the lease."""
-        state = self.state
+        state = self.life.job_state
         if state.holder is self:
             state.holder = None
             self._end_hold()
@@ -248,7 +252,7 @@ class Run:
     def _end_hold(self) -> None:
         until, self._hold_end = self._hold_end, None
         if until is not None:
-            self._host._hold_timers.discard(until, self)
+            self._host.hold_timers().discard(until, self)
 
     # --- the end ----------------------------------------------------------------------
 
@@ -256,12 +260,15 @@ class Run:
         if self.lease is None:
             self._finish(settle=True)
         else:
-            self._host._release_later(self.lease, self._finish_settled)
+            self.life.release()
+            self._host.release_later(self.lease, self._finish_settled)
 
     def _finish_settled(self) -> None:
-        self._finish(settle=True)
+        if self.life.state is RunState.RELEASING:  # else aborted meanwhile, at shutdown
+            self._finish(settle=True)
 
     def _finish(self, *, settle: bool) -> None:
+        self.life.finish()
         self._unwatch_lost()
         if self._cancel_timer is not None:  # the timeout of a body abandoned at shutdown
             self._cancel_timer()
@@ -269,8 +276,8 @@ class Run:
         if self._keepalive is not None:
             self._keepalive.cancel()
         if settle:
-            self.state.settle()
-        self._host._run_finished(self)
+            self.life.job_state.settle()
+        self._host.run_finished(self)
 
     def abort(self) -> None:
         """Shutdown past its stop timeout: stop the body without waiting for it (a stuck
@@ -282,8 +289,8 @@ class Run:
                 log.warning("job %s: its worker thread is still running at shutdown", self.job.name)
             body.remove_done_callback(self._body_done)
             body.add_done_callback(_consume)
-        if self.state.holder is self:
-            self.state.holder = None
+        if self.life.job_state.holder is self:
+            self.life.job_state.holder = None
         self._end_hold()
         self._finish(settle=True)
 

@@ -36,11 +36,12 @@ from .jobs import (
     make_job,
     validate_schedule,
 )
-from .leadership import Leadership, keep_alive, needs_keep_alive
+from .leadership import Campaign, keep_alive, needs_keep_alive
 from .metrics import Recorder, metrics_listener
 from .queue import FireQueue
 from .repeats import Repeats
-from .runs import Run, begin, wait_quietly
+from .run_states import RunLifecycle
+from .runs import Run, RunHost, begin, wait_quietly
 from .service import Service
 from .triggers import Trigger
 from .walltime import as_timezone
@@ -118,14 +119,9 @@ class _JobState:
         return not self.busy or (self.holding is not None and self.holding.held)
 
 
-@dataclass(slots=True)
-class _Due:
-    job: Job
-    fire: datetime
-    state: _JobState = field(repr=False)
-
-
-_Start = tuple[_Due, AsyncLease | None, LostSignal | None, int | None]
+_Tick = RunLifecycle["_JobState"]
+"""One tick of one job, and its run's life."""
+_Start = tuple[_Tick, AsyncLease | None, LostSignal | None, int | None]
 """A run to start: the tick, its lease, the signal that cancels it, the fencing token."""
 
 
@@ -238,12 +234,20 @@ class Scheduler(Service):
         self._flushing = False
         self._quiet: asyncio.Future[None] | None = None  # stop() waits on it
         self._timers: SharedTimers[Run] | None = None  # made on the loop, for its clock
+        self._run_host = RunHost(
+            self.clock,
+            self._emit,
+            self._hold_until,
+            self._hold_timers,
+            self._release_later,
+            self._run_finished,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: FireQueue[_JobState] = FireQueue()  # the loop's: by next fire time
         self._armed: tuple[float, Callable[[], object]] | None = None  # its timer: when, cancel
         self._stopping = False
         self._leadership = (
-            Leadership(
+            Campaign(
                 self._locker,
                 leader_name,
                 ttl=self.lease_ttl,
@@ -615,7 +619,7 @@ class Scheduler(Service):
 
     def _fire_due(self) -> None:
         now = self.clock.now()
-        batch: list[_Due] = []
+        batch: list[_Tick] = []
         for state in self._queue.pop_due(now):
             job = state.job
             if self._states.get(job.name) is not state:
@@ -626,7 +630,7 @@ class Scheduler(Service):
                 continue
             if len(fires) == 1 and state.ready and now - fires[0].timestamp() <= job.misfire_grace:
                 # The common case, without the lists below: one tick, on time, job idle.
-                due = _Due(job, fires[0], state)
+                due = RunLifecycle(job, fires[0], state)
                 if not self._continue_hold(due):
                     state.claim()
                     batch.append(due)
@@ -639,14 +643,15 @@ class Scheduler(Service):
             fresh = [f for f in fires if now - f.timestamp() <= grace]
             for fire in fires[: len(fires) - len(fresh)]:  # the late ones come first
                 late = now - fire.timestamp()
-                self._emit(EventKind.MISSED, job, fire, reason=f"{late:.3f}s late")
+                self._miss(RunLifecycle(job, fire, state), f"{late:.3f}s late")
             if job.coalesce and len(fresh) > 1:
                 for fire in fresh[:-1]:
-                    self._emit(EventKind.MISSED, job, fire, reason="coalesced")
+                    self._miss(RunLifecycle(job, fire, state), "coalesced")
                 fresh = fresh[-1:]
             for i, fire in enumerate(fresh):
-                due = _Due(job, fire, state)
+                due = RunLifecycle(job, fire, state)
                 if state.running and i == 0 and job.overlap == "reschedule":
+                    due.skip()
                     self._emit(EventKind.SKIPPED_OVERLAP, job, fire, reason="still running")
                 elif i > 0 or not state.ready:
                     self._spawn(self._after_previous(due))
@@ -656,13 +661,13 @@ class Scheduler(Service):
         if batch:
             self._start_batch(batch)
 
-    def _continue_hold(self, due: _Due) -> bool:
+    def _continue_hold(self, due: _Tick) -> bool:
         """If this replica still holds the job's lease from the previous tick, run this
         tick under it: nobody else can have run it, and no release/acquire can race."""
-        lease = due.state.take_hold()
+        lease = due.job_state.take_hold()
         if lease is None:
             return False
-        due.state.busy = True
+        due.job_state.busy = True
         self._launch([(due, lease, lease.lost, lease.fencing_token)])
         return True
 
@@ -677,23 +682,24 @@ class Scheduler(Service):
             state.successor = (fires[-1], state.next_fire)
         return fires
 
-    async def _after_previous(self, due: _Due) -> None:
-        state = due.state
+    async def _after_previous(self, due: _Tick) -> None:
+        state = due.job_state
         while not state.ready:  # the previous run, or its lease release
             await state.changed()
             if self.clock.now() - due.fire.timestamp() > due.job.misfire_grace:
                 break  # missed already: said now, not once the job is free (if ever)
         late = self.clock.now() - due.fire.timestamp()
         if self._stopping:
+            due.abandon()
             return
         if late > due.job.misfire_grace:
-            self._emit(EventKind.MISSED, due.job, due.fire, reason=f"{late:.3f}s late (waited)")
+            self._miss(due, f"{late:.3f}s late (waited)")
             return
         if not self._continue_hold(due):
             state.claim()
             self._start_batch([due])
 
-    def _start_batch(self, batch: list[_Due]) -> None:
+    def _start_batch(self, batch: list[_Tick]) -> None:
         """Take the locks of the distributed jobs due now (one ``try_acquire_many``), start runs."""
         # Local jobs first: they need no lock, so no round trip to wait for.
         self._launch([(due, None, None, None) for due in batch if not due.job.distributed])
@@ -709,10 +715,12 @@ class Scheduler(Service):
                 else:
                     runs.append((due, None, leader.lost, leader.fencing_token))
         elif shared:
+            for due in shared:
+                due.acquire()
             self._lock_then_launch(shared)
         self._launch(runs)
 
-    def _lock_then_launch(self, shared: list[_Due]) -> None:
+    def _lock_then_launch(self, shared: list[_Tick]) -> None:
         """Take the locks of ``shared`` in one round trip, then start their runs: at once
         when the backend answers at once (memory://), else in a task."""
         now = self.clock.now()
@@ -737,7 +745,7 @@ class Scheduler(Service):
 
     async def _lock_all(
         self,
-        shared: list[_Due],
+        shared: list[_Tick],
         names: list[str],
         ttl: float,
         started: Outcome[dict[str, AsyncLeaseBase | None]] | None,
@@ -754,14 +762,15 @@ class Scheduler(Service):
             return
         self._launch(self._granted(shared, leases))
 
-    def _lock_failed(self, shared: list[_Due], exc: BaseException) -> None:
+    def _lock_failed(self, shared: list[_Tick], exc: BaseException) -> None:
         """The locks of ``shared`` could not be taken: the scheduler goes on. An
         unreachable backend misses the ticks (one WARNING line for the first, then
         counts); anything else fails them (bad input without a traceback)."""
         if isinstance(exc, BackendUnavailable):
             problem = masked_line(exc)
             for due in shared:
-                due.state.settle()
+                due.job_state.settle()
+                due.miss()
                 first = self._unanswered(problem, "ticks missed")
                 reason = f"backend unavailable: {problem}"
                 self._emit(
@@ -773,10 +782,13 @@ class Scheduler(Service):
         else:
             reason = "lock call failed"  # a backend's bug: its traceback follows
         for due in shared:
-            due.state.settle()
+            due.job_state.settle()
+            due.fail()
             self._emit(EventKind.FAILED, due.job, due.fire, error=exc, reason=reason)
 
-    def _granted(self, shared: list[_Due], leases: Mapping[str, AsyncLease | None]) -> list[_Start]:
+    def _granted(
+        self, shared: list[_Tick], leases: Mapping[str, AsyncLease | None]
+    ) -> list[_Start]:
         """The runs to start, of the jobs ``shared`` whose lease is in ``leases``."""
         if self._outage.current is not None:
             self._answered()
@@ -788,7 +800,8 @@ class Scheduler(Service):
                 if lease is not None:  # let it go now: kept, other replicas would skip it
                     self._held.add(lease)
                     self._spawn(self._release(lease))  # a task: stop() waits for it
-                due.state.settle()
+                due.job_state.settle()
+                due.abandon()
             elif lease is None:
                 self._skip_held(due, "another replica holds it")
             elif (late := now - due.fire.timestamp()) > due.job.misfire_grace:
@@ -796,12 +809,10 @@ class Scheduler(Service):
                 # hold of a replica that won the tick in time covers tries up to the
                 # grace, no later, so it may have run and released it already.
                 self._held.add(lease)
-                due.state.running = False  # no body runs: a tick meanwhile is no overlap
+                due.job_state.running = False  # no body runs: a tick meanwhile is no overlap
                 # In a task: no run tracks this lease, and stop() must wait for its release.
-                self._spawn(self._release(lease, then=due.state.settle))
-                self._emit(
-                    EventKind.MISSED, due.job, due.fire, reason=f"{late:.3f}s late (granted)"
-                )
+                self._spawn(self._release(lease, then=due.job_state.settle))
+                self._miss(due, f"{late:.3f}s late (granted)")
             else:
                 self._held.add(lease)
                 runs.append((due, lease, lease.lost, lease.fencing_token))
@@ -815,6 +826,7 @@ class Scheduler(Service):
         report = wanted(EventKind.STARTED, self._listeners)  # asked once, not per run
         loop = asyncio.get_running_loop()
         for due, _, _, token in runs:
+            due.start()
             run = RunContext(due.job.name, due.fire, self.replica_id, token)
             if not due.job.is_async:  # started (and reported) when a worker thread runs it
                 cell = _Starting(loop, self.clock)
@@ -831,13 +843,13 @@ class Scheduler(Service):
                 if extend and lease is not None
                 else None
             )
-            watched = Run(self, due.job, due.fire, due.state, lease, lost, run, body, started, loop)
+            watched = Run(self._run_host, due, lease, lost, run, body, started, loop)
             self._active.add(watched)
             if starting is not None:
                 starting.run = watched
             watched.start(keepalive)
 
-    def _submit(self, due: _Due, run: RunContext, starting: _Starting) -> asyncio.Future[Any]:
+    def _submit(self, due: _Tick, run: RunContext, starting: _Starting) -> asyncio.Future[Any]:
         """Start a sync job's body on the pool; a run that must wait for a free worker
         thread is counted, and the first of a crowd logged."""
         if self._pool is None:
@@ -864,9 +876,14 @@ class Scheduler(Service):
     def _worker_free(self, _: asyncio.Future[Any]) -> None:
         self._workers_busy = max(0, self._workers_busy - 1)
 
-    def _skip_held(self, due: _Due, reason: str) -> None:
-        due.state.settle()
+    def _skip_held(self, due: _Tick, reason: str) -> None:
+        due.job_state.settle()
+        due.skip()
         self._emit(EventKind.SKIPPED_HELD, due.job, due.fire, reason=reason)
+
+    def _miss(self, due: _Tick, reason: str) -> None:
+        due.miss()
+        self._emit(EventKind.MISSED, due.job, due.fire, reason=reason)
 
     def _spawn(self, work: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
@@ -879,7 +896,7 @@ class Scheduler(Service):
             log.error("scheduler bug in a run", exc_info=task.exception())
         self._check_quiet()
 
-    # --- what a Run asks of its scheduler (multilock._scheduling.runs.Host) ---------------
+    # --- what a Run asks of its scheduler (its RunHost, made in __init__) -----------------
 
     def _hold_until(self, job: Job, fire: datetime) -> float:
         """``fire + hold_span``, never past the next fire time: a replica firing this
@@ -898,7 +915,6 @@ class Scheduler(Service):
             following = job.next_fire(fire)
         return until if following is None else min(until, following.timestamp())
 
-    @property
     def _hold_timers(self) -> SharedTimers[Run]:
         if self._timers is None:
             self._timers = SharedTimers(self.clock, Run.hold_ended)

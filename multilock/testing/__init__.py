@@ -24,9 +24,18 @@ if TYPE_CHECKING:
     from ._conformance import ConformanceTests
     from ._harness import Harness
     from ._poll import apoll, poll
+    from ._proxy import TcpProxy
     from ._servers import require_backends, server_url
 
-__all__ = ["ConformanceTests", "Harness", "apoll", "poll", "require_backends", "server_url"]
+__all__ = [
+    "ConformanceTests",
+    "Harness",
+    "TcpProxy",
+    "apoll",
+    "poll",
+    "require_backends",
+    "server_url",
+]
 
 # Imported on first use: the suite's child processes import this package too,
 # and must not pay for pytest on every start.
@@ -35,6 +44,7 @@ _HOMES = {
     "Harness": "._harness",
     "apoll": "._poll",
     "poll": "._poll",
+    "TcpProxy": "._proxy",
     "require_backends": "._servers",
     "server_url": "._servers",
 }

@@ -74,9 +74,13 @@ def in_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
 
 
 async def _bounded(what: str, work: Awaitable[T], limit: float = OP_TIMEOUT) -> T:
+    deadline = asyncio.timeout(limit)
     try:
-        return await asyncio.wait_for(work, limit)
+        async with deadline:
+            return await work
     except TimeoutError:
+        if not deadline.expired():
+            raise  # the call's own (LockTimeout is a TimeoutError)
         raise AssertionError(f"{what} did not return within {limit:g} s (hung?)") from None
 
 
@@ -106,6 +110,18 @@ class Api:
         self, locker: Any, names: Iterable[str], ttl: Duration | None = None
     ) -> Mapping[str, Any]:
         """``locker.try_acquire_many(names, ttl=ttl)``."""
+        raise NotImplementedError
+
+    async def acquire(
+        self,
+        locker: Any,
+        name: str,
+        timeout: Duration | None = None,
+        ttl: Duration | None = None,
+        limit: float = OP_TIMEOUT,
+    ) -> Any:
+        """``locker.acquire(name, timeout=timeout, ttl=ttl)``, failing as hung after
+        ``limit`` seconds."""
         raise NotImplementedError
 
     async def release(self, lease: Any) -> bool:
@@ -166,6 +182,19 @@ class SyncApi(Api):
         )
         return result
 
+    async def acquire(
+        self,
+        locker: Any,
+        name: str,
+        timeout: Duration | None = None,
+        ttl: Duration | None = None,
+        limit: float = OP_TIMEOUT,
+    ) -> Any:
+        """``locker.acquire`` in a thread."""
+        return await self._call(
+            "acquire()", lambda: locker.acquire(name, timeout=timeout, ttl=ttl), limit
+        )
+
     async def release(self, lease: Any) -> bool:
         """``lease.release()`` in a thread."""
         released: bool = await self._call("release()", lease.release)
@@ -218,6 +247,17 @@ class AsyncApi(Api):
             "try_acquire_many()", locker.try_acquire_many(list(names), ttl=ttl), TRY_LIMIT
         )
         return result
+
+    async def acquire(
+        self,
+        locker: Any,
+        name: str,
+        timeout: Duration | None = None,
+        ttl: Duration | None = None,
+        limit: float = OP_TIMEOUT,
+    ) -> Any:
+        """``await locker.acquire(...)``."""
+        return await _bounded("acquire()", locker.acquire(name, timeout=timeout, ttl=ttl), limit)
 
     async def release(self, lease: Any) -> bool:
         """``await lease.release()``."""

@@ -20,8 +20,11 @@ import pytest
 from . import _checks_basic as basic
 from . import _checks_cancel as cancel
 from . import _checks_contention as contention
+from . import _checks_names as names
 from . import _checks_process as process
+from . import _checks_stale as stale
 from . import _checks_ttl as ttl
+from . import _checks_wait as wait
 from ._harness import Harness
 
 __all__ = ["ConformanceTests"]
@@ -95,6 +98,11 @@ class ConformanceTests:
         """Awkward names work and stay distinct, or raise InvalidLockName."""
         multilock.run(basic.names_awkward)
 
+    def test_near_equal_names(self, multilock: Harness) -> None:
+        """A corpus of near-equal names, held at once across lockers, maps to distinct
+        locks: no case folding, normalization, stripping, truncation or small hash."""
+        multilock.run(names.names_near_equal)
+
     def test_try_acquire_many(self, multilock: Harness) -> None:
         """try_acquire_many: a result per name in order, duplicates refused."""
         multilock.run(basic.try_acquire_many)
@@ -116,8 +124,14 @@ class ConformanceTests:
         multilock.run(ttl.ttl_lease_expires)
 
     def test_stale_holder_cannot_release_or_extend(self, multilock: Harness) -> None:
-        """TTL: an expired holder's release/extend never touch the new holder."""
-        multilock.run(ttl.stale_holder_is_noop)
+        """TTL: an expired holder's release/extend, in every order, never touch the new
+        holder (another locker of the same process)."""
+        multilock.run(stale.stale_in_process)
+
+    def test_stale_holders_across_processes(self, multilock: Harness) -> None:
+        """TTL+CROSS_PROCESS: stale holders' operations, in every order, never touch new
+        holders in the same, another or a freshly started process."""
+        multilock.run(stale.stale_across_processes)
 
     def test_extend_keeps_lease(self, multilock: Harness) -> None:
         """TTL: extending keeps a lease exclusive for several ttls."""
@@ -146,6 +160,28 @@ class ConformanceTests:
     def test_unreachable_backend_raises(self, multilock: Harness) -> None:
         """An unreachable backend raises BackendUnavailable promptly, never None."""
         multilock.run(process.unreachable_raises)
+
+    # --- the waiting acquire (issue 19) ----------------------------------------------
+
+    def test_acquire_free_name_at_once(self, multilock: Harness) -> None:
+        """acquire() on a free name returns a lease at once, whatever its timeout."""
+        multilock.run(wait.acquire_free_at_once)
+
+    def test_acquire_waits_for_release(self, multilock: Harness) -> None:
+        """acquire() on a held name waits, and gets it soon after the release."""
+        multilock.run(wait.acquire_waits_for_release)
+
+    def test_acquire_times_out_leaving_nothing(self, multilock: Harness) -> None:
+        """acquire() raises LockTimeout in about its timeout; nothing stays held or queued."""
+        multilock.run(wait.acquire_times_out)
+
+    def test_acquire_cancelled_leaves_nothing(self, multilock: Harness) -> None:
+        """A cancelled acquire() leaves nothing held or queued, even racing a release (async)."""
+        multilock.run(wait.acquire_cancelled_leaves_nothing)
+
+    def test_acquire_serves_every_waiter(self, multilock: Harness) -> None:
+        """20 waiters on one name each get it, one at a time, within a bound."""
+        multilock.run(wait.waiters_all_served)
 
     def test_model_checked_history(self, multilock: Harness) -> None:
         """Random histories over 3 lockers (2 in other processes) agree with the model."""

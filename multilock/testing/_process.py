@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
 from types import TracebackType
+from typing import Any
 
 __all__ = ["START_TIMEOUT", "URL_FROM_STDIN", "Child"]
 
@@ -28,8 +30,9 @@ class Child:
     password in it would be anyone's to read (``ps``, ``/proc``).
     """
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, module: str = "multilock.testing._child") -> None:
         self.args = args
+        self.module = module
         self._proc: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> Child:
@@ -40,7 +43,7 @@ class Child:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "multilock.testing._child",
+            self.module,
             kind,
             URL_FROM_STDIN,
             *rest,
@@ -93,6 +96,15 @@ class Child:
         assert self._proc.stdin is not None
         self._proc.stdin.write(command.encode() + b"\n")
         await self._proc.stdin.drain()
+
+    async def ask(self, patience: float = START_TIMEOUT, **request: Any) -> dict[str, Any]:
+        """One JSON request to a :mod:`multilock.testing._serve` child: its answer,
+        which fails the check when it is an error."""
+        await self.send(json.dumps(request))
+        answer: dict[str, Any] = json.loads("{" + await self.expect("{", patience))
+        if "error" in answer:
+            raise AssertionError(f"child {self.module} failed {request['do']!r}: {answer['error']}")
+        return answer
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` (SIGKILL, SIGSTOP, SIGCONT...) unless the child is gone."""

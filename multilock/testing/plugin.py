@@ -4,21 +4,24 @@
 environment variable, whitespace-separated) collects the conformance suite
 shipped in this package and runs it against each URL -- alone when no test
 paths are given, beside them when they are. Without a URL the plugin only
-registers its options. Load it explicitly with ``-p multilock.testing.plugin``
-where plugin autoloading is off.
+registers its options and the ``tcp_proxy`` fixture (for tests that ask for it).
+Load it explicitly with ``-p multilock.testing.plugin`` where plugin autoloading
+is off.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from multilock.backend import mask_url
 
 from ._process import URL_ENV
+from ._proxy import TcpProxy
 
-__all__ = ["SUITE_MODULE", "URL_ENV", "urls"]
+__all__ = ["SUITE_MODULE", "URL_ENV", "tcp_proxy", "urls"]
 
 SUITE_MODULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_plugin_suite.py")
 """The file collected when URLs are given."""
@@ -74,3 +77,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(
             "multilock_url", given, indirect=True, ids=[mask_url(url) for url in given]
         )
+
+
+@pytest.fixture
+def tcp_proxy() -> Iterator[Callable[[tuple[str, int] | str], TcpProxy]]:
+    """``tcp_proxy(upstream)``: a started :class:`~multilock.testing.TcpProxy` to
+    ``(host, port)``, or in front of a lock URL's server; closed after the test."""
+    proxies: list[TcpProxy] = []
+
+    def make(upstream: tuple[str, int] | str) -> TcpProxy:
+        proxy = TcpProxy.before(upstream) if isinstance(upstream, str) else TcpProxy(upstream)
+        proxies.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in proxies:
+        proxy.close()

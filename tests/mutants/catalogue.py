@@ -102,8 +102,8 @@ CATALOGUE: tuple[Mutant, ...] = (
             (
                 "        self._keepalive = keepalive\n",
                 "        self._keepalive = keepalive\n"
-                "        self._hold_end = self._host._hold_until(self.job, self.fire)\n"
-                "        self._host._hold_timers.add(self._hold_end, self)\n",
+                "        self._hold_end = self._host.hold_until(self.job, self.fire)\n"
+                "        self._host.hold_timers().add(self._hold_end, self)\n",
             ),
             ("        if state.holder is self:\n", "        if state.holder in (self, None):\n"),
         ),
@@ -245,8 +245,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         _SCHEDULER,
         (
             (
-                "        if late > due.job.misfire_grace:\n            self._emit(",
-                "        if late > due.job.misfire_grace + 3600:\n            self._emit(",
+                "        if late > due.job.misfire_grace:\n            self._miss(",
+                "        if late > due.job.misfire_grace + 3600:\n            self._miss(",
             ),
         ),
     ),

@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from multilock import EventKind
+from multilock._scheduling.run_states import record_transitions
 
 from .driver import History, simulate
 from .invariants import violations
@@ -55,10 +56,17 @@ def check(scenario: Scenario, *, assume_within: bool = False) -> History:
         # Bounded in real time too: a scenario that deadlocks (the loop idle, waiting on
         # something simulated time never brings) fails as itself, where pytest-timeout's
         # one alarm would be caught by hypothesis and the shrinking rerun would hang.
-        history = asyncio.run(asyncio.wait_for(simulate(scenario), _WALL_SECONDS))
+        with record_transitions(refused_only=True) as refused:
+            history = asyncio.run(asyncio.wait_for(simulate(scenario), _WALL_SECONDS))
     finally:
         quiet.setLevel(level)
     broken = violations(history, assume_within=assume_within)
+    # A run moved where its state machine forbids: raised in a loop callback or a task,
+    # where only a log line (silenced here) would show it.
+    broken += [
+        f"illegal transition {m.before.value} -> {m.after.value}: {m.job} tick {m.fire}"
+        for m in refused
+    ]
     if broken:
         shown = "\n".join(f"  - {line}" for line in broken[:12])
         more = f"\n  ... and {len(broken) - 12} more" if len(broken) > 12 else ""

@@ -16,7 +16,7 @@ import pytest
 
 import multilock
 from multilock.errors import BackendUnavailable, MultilockError
-from multilock.testing import apoll, poll
+from multilock.testing import TcpProxy, apoll, poll
 from multilock_etcd import EtcdLease, EtcdLocker
 
 from .conftest import PrivateEtcd, _free_port
@@ -141,7 +141,8 @@ def test_a_lost_answer_leaves_no_lock(private_etcd: Callable[..., PrivateEtcd]) 
 
 def test_authentication_and_an_expired_token(private_etcd: Callable[..., PrivateEtcd]) -> None:
     server = private_etcd(args="--auth-token simple --auth-token-ttl 1")
-    server.etcdctl("user", "add", f"root:{SECRET}")
+    # The password on stdin: never on a command line, even a test's.
+    server.etcdctl("user", "add", "root", "--interactive=false", stdin=f"{SECRET}\n")
     server.etcdctl("auth", "enable")
     url = _url(server).replace("etcd://", f"etcd://root:{SECRET}@")
     with multilock.connect(url) as locker:
@@ -189,3 +190,76 @@ def test_every_request_keeps_json_shapes() -> None:
     body = json.loads(acquire_many_request(["YQ=="], ["dg=="], 7))
     assert body["success"][0]["request_txn"]["success"][0]["request_put"]["lease"] == "7"
     assert json.loads(release_request("YQ==", 5))["compare"][0]["create_revision"] == "5"
+
+
+async def _call(result: Any) -> Any:
+    """The value of a sync call, or of an async one awaited."""
+    return await result if asyncio.iscoroutine(result) else result
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize("operation", ["connect", "release", "extend", "locks"])
+def test_no_call_outlives_its_timeout_on_a_frozen_server(
+    private_etcd: Callable[..., PrivateEtcd], api: str, operation: str
+) -> None:
+    """SIGSTOP: the kernel still completes TCP handshakes and takes bytes; nothing
+    answers. A new connection, a release, an extend and ``locks()`` each give up within
+    ``timeout``."""
+    server = private_etcd()
+    lock_url = _url(server, connect_timeout=TIMEOUT)
+
+    async def attempt(locker: Any, lease: Any) -> object:
+        try:
+            if operation == "connect":
+                return await _call(locker.try_acquire("frozen"))
+            if operation == "locks":
+                return await _call(locker.locks())
+            return await _call(getattr(lease, operation)())
+        except MultilockError as exc:
+            return type(exc)
+
+    async def main() -> object:
+        locker: Any = (multilock.connect if api == "sync" else multilock.connect_async)(lock_url)
+        try:
+            lease = None if operation == "connect" else await _call(locker.try_acquire("held"))
+            server.freeze()
+            try:
+                start = time.monotonic()
+                outcome = await attempt(locker, lease)
+                elapsed = time.monotonic() - start
+                assert elapsed < PROMPT, f"{operation} took {elapsed:.2f}s"
+            finally:
+                server.thaw()
+        finally:
+            await _call(locker.close() if api == "sync" else locker.aclose())
+        return outcome
+
+    assert asyncio.run(main()) is BackendUnavailable
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_an_answer_trickling_in_is_cut_at_timeout(
+    private_etcd: Callable[..., PrivateEtcd],
+    tcp_proxy: Callable[[tuple[str, int]], TcpProxy],
+    api: str,
+) -> None:
+    """A byte every 0.1 s: each receive gets one before a per-receive timeout of 0.5 s
+    would end it, and an answer of a few hundred bytes would take most of a minute."""
+    proxy = tcp_proxy(("127.0.0.1", private_etcd().port))
+    lock_url = f"etcd://127.0.0.1:{proxy.port}/faults?timeout={TIMEOUT}"
+
+    async def main() -> None:
+        locker: Any = (multilock.connect if api == "sync" else multilock.connect_async)(lock_url)
+        try:
+            await _call(locker.try_acquire("warm-up"))  # the lease granted, a connection kept
+            proxy.trickle(0.1)
+            start = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await _call(locker.try_acquire("trickled"))
+            elapsed = time.monotonic() - start
+            assert elapsed < PROMPT, f"took {elapsed:.2f}s"
+        finally:
+            proxy.trickle(None)
+            await _call(locker.close() if api == "sync" else locker.aclose())
+
+    asyncio.run(main())

@@ -11,7 +11,7 @@ from multilock.backend import LockURL
 from ._async.locker import AsyncMySQLLocker
 from ._config import parse_settings
 from ._errors import driver_error
-from ._runtime import hang_up
+from ._runtime import connect, hang_up
 from ._sync.locker import MySQLLocker
 
 __all__ = ["MySQLBackend", "backend", "kill"]
@@ -52,7 +52,7 @@ def kill(url: LockURL, connection: int) -> None:
     connection of its own; its user-level locks go with it."""
     settings = parse_settings(url)
     try:
-        conn = pymysql.connect(**settings.sync_connect_kwargs())
+        conn = connect(settings)
     except pymysql.err.MySQLError as exc:
         raise driver_error(url, exc, "connecting to kill a session") from None
     try:

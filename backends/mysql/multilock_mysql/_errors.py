@@ -15,9 +15,10 @@ ACCESS_DENIED = frozenset({1044, 1045, 1142, 1143, 1227, 1370})
 """Server error codes that mean "this user may not": database, login, table, column,
 operation, routine."""
 
-# Client-side codes (CR_*) of a connection that could not be made or was lost, and the
-# server's codes for a session ended under it (shutdown, KILL, idle timeouts).
-_GONE = frozenset({2002, 2003, 2005, 2006, 2013, 2055, 1053, 1077, 1152, 1927, 4031})
+# Client-side codes (CR_*) of a connection that could not be made or was lost (2026: no
+# TLS where the URL insists on it), and the server's codes for a session ended under it
+# (shutdown, KILL, idle timeouts).
+_GONE = frozenset({2002, 2003, 2005, 2006, 2013, 2026, 2055, 1053, 1077, 1152, 1927, 4031})
 
 
 def redact(url: LockURL, text: str) -> str:
@@ -49,6 +50,10 @@ def driver_error(url: LockURL, exc: BaseException, doing: str) -> MultilockError
     """
     code = _code(exc)
     text = exc.args[1] if code is not None and len(exc.args) > 1 else str(exc)
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and str(cause) and str(cause) not in str(text):
+        # aiomysql's "Can't connect" keeps the reason (a refused certificate...) only here.
+        text = f"{text} ({cause})"
     detail = redact(url, str(text).strip()) or type(exc).__name__
     tail = f" [MySQL error {code}]" if code else ""
     message = f"MySQL at {url.masked}: {doing} failed: {detail}{tail}"

@@ -16,12 +16,19 @@ import asyncio
 import logging
 import os
 import select
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
+
+import aiomysql
+import pymysql
+from pymysql.constants import CLIENT
+
+from ._config import Settings
 
 __all__ = [
     "AsyncBound",
@@ -32,8 +39,10 @@ __all__ = [
     "Guard",
     "Mutex",
     "Watch",
+    "async_connect",
     "async_hang_up",
     "async_is_open",
+    "connect",
     "hang_up",
     "is_open",
 ]
@@ -51,44 +60,131 @@ Mutex = threading.Lock
 
 
 class Bound:
-    """``with Bound(seconds):`` around a call. Nothing to do in the sync world: PyMySQL's
-    ``connect_timeout`` bounds connecting, and the session's socket has its
-    ``read_timeout`` and ``write_timeout``; a read or write past them closes the
-    connection and raises."""
+    """``with Bound(seconds) as bound:`` around a call that has no session to cut yet
+    (connecting) or has a connection of its own (``locks()``, ``close()``), which it
+    names with ``bound.watch(conn)`` once it has one. Past ``seconds`` the watchdog shuts
+    that connection's socket down, which fails the read in flight, and the block
+    raises :class:`TimeoutError`. Before a connection exists, PyMySQL's
+    ``connect_timeout`` bounds connecting."""
 
     def __init__(self, seconds: float) -> None:
-        pass
+        self._guard = Guard(lambda: None)
+        self._guard._seconds = seconds
 
-    def __enter__(self) -> None:
-        pass
+    def watch(self, conn: Any) -> None:
+        """Cut ``conn`` when the block outlives its bound."""
+        self._guard._conn = conn
 
-    def __exit__(self, *exc: object) -> None:
-        pass
+    def __enter__(self) -> Bound:
+        self._guard.__enter__()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._guard.__exit__()
+        if et is not None and self._guard.expired:
+            raise TimeoutError(f"no answer within {self._guard._seconds:g} s") from None
 
 
 class Guard:
     """Bounds each round trip of one session: ``with guard.until(seconds, conn):``.
-    PyMySQL's socket timeouts do the work; this sets them to ``seconds`` for the round
-    trip (PyMySQL applies a change on its next read or write)."""
 
-    expired = False
-    """Whether the last round trip was cut for taking too long (never here: PyMySQL
-    raises for its own socket timeouts)."""
+    PyMySQL's socket timeouts bound each read and write alone, set here to ``seconds``
+    (PyMySQL applies a change on its next read or write). An answer trickling in a
+    byte at a time keeps every read short and the round trip alive for ever: the
+    process's one watchdog thread (:class:`_Watchdog`) cuts a round trip past its
+    due time by shutting the session's socket down, which fails the read in flight,
+    and :attr:`expired` says why.
+    """
 
     def __init__(self, cut: Callable[[], None]) -> None:
-        pass
+        self._lock = threading.Lock()  # the watchdog never cuts a later round trip
+        self._conn: Any = None
+        self._seconds = 0.0
+        self.due: float | None = None
+        """When the round trip in flight is cut (monotonic), or ``None`` when idle."""
+        self.expired = False
+        """Whether the last round trip was cut for taking too long."""
 
     def until(self, seconds: float, conn: Any) -> Guard:
         """Bound the next round trip on ``conn`` by ``seconds``."""
         if conn._read_timeout != seconds:
             conn._read_timeout = conn._write_timeout = seconds
+        self._conn, self._seconds = conn, seconds
         return self
 
     def __enter__(self) -> None:
-        pass
+        self.expired = False
+        with self._lock:
+            self.due = due = time.monotonic() + self._seconds
+        _WATCHDOG.watch(self, due)
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        with self._lock:
+            self.due = None
+
+    def cut_if_due(self, now: float) -> bool:
+        """Cut the round trip in flight if it is past its due time (the watchdog's
+        thread); whether this guard is done with (idle, or cut)."""
+        with self._lock:
+            due = self.due
+            if due is None:
+                return True
+            if now < due:
+                return False
+            self.expired = True
+            self.due = None
+            sock = getattr(self._conn, "_sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked read; close() would not
+            except OSError:
+                pass  # closed meanwhile: the round trip is over anyway
+        return True
+
+
+class _Watchdog:
+    """One daemon thread per process cutting the sync round trips past their due time.
+
+    It sleeps until the earliest due time it knows of; a round trip due earlier than
+    that wakes it (with one bound for all, the usual case, a new round trip is due
+    later than those before it, and nothing is woken).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._guards: set[Guard] = set()
+        self._wake = float("inf")
+        self._pid = 0
+
+    def watch(self, guard: Guard, due: float) -> None:
+        """Cut ``guard``'s round trip if still in flight at ``due``."""
+        with self._cond:
+            self._guards.add(guard)
+            if self._pid != os.getpid():  # none yet, or this is a forked child
+                self._pid = os.getpid()
+                self._wake = float("inf")
+                name = "multilock-mysql-watchdog"
+                threading.Thread(target=self._run, name=name, daemon=True).start()
+            elif due < self._wake:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                earliest = float("inf")
+                for guard in list(self._guards):
+                    if guard.cut_if_due(now):
+                        self._guards.discard(guard)
+                    elif guard.due is not None:
+                        earliest = min(earliest, guard.due)
+                self._wake = earliest
+                self._cond.wait(None if earliest == float("inf") else earliest - now)
+
+
+_WATCHDOG = _Watchdog()
 
 
 class AsyncGuard:
@@ -177,9 +273,13 @@ class AsyncBound:
     def _expire(self) -> None:
         self._timeout.reschedule(asyncio.get_running_loop().time())
 
-    async def __aenter__(self) -> None:
+    def watch(self, conn: Any) -> None:
+        """Nothing to do: cancelling the block fails the call in flight."""
+
+    async def __aenter__(self) -> AsyncBound:
         await self._timeout.__aenter__()
         await self._guard.__aenter__()
+        return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
@@ -189,6 +289,62 @@ class AsyncBound:
 
 
 # -- connections --------------------------------------------------------------------------
+
+_CR_SSL_CONNECTION_ERROR = 2026
+
+
+def _insist_on_tls(conn: Any, required: bool) -> None:
+    """Before the credentials go out: refuse a server that does not offer TLS when the
+    URL's ``ssl_mode`` insists on it. Both drivers would go on in clear (aiomysql always,
+    PyMySQL before 1.2), and a man in the middle can take the offer out."""
+    if required and not conn.server_capabilities & CLIENT.SSL:
+        raise pymysql.err.OperationalError(
+            _CR_SSL_CONNECTION_ERROR, "the server does not offer TLS, which ssl_mode requires"
+        )
+    # PyMySQL >= 1.2 insists whenever given a context; ssl_mode=preferred does not.
+    conn._ssl_required = required
+
+
+class _Connection(pymysql.connections.Connection):
+    """PyMySQL's connection, refusing a server without TLS where the URL insists."""
+
+    def __init__(self, tls_required: bool, **kwargs: Any) -> None:
+        self._tls_required = tls_required
+        super().__init__(**kwargs)
+
+    def _request_authentication(self) -> None:
+        _insist_on_tls(self, self._tls_required)
+        super()._request_authentication()  # type: ignore[misc]
+
+
+class _AsyncConnection(aiomysql.Connection):  # type: ignore[misc]
+    """aiomysql's connection, refusing a server without TLS where the URL insists."""
+
+    def __init__(self, tls_required: bool, **kwargs: Any) -> None:
+        self._tls_required = tls_required
+        super().__init__(**kwargs)
+
+    async def _request_authentication(self) -> None:
+        _insist_on_tls(self, self._tls_required)
+        await super()._request_authentication()
+
+
+def connect(settings: Settings, bound: Bound | None = None) -> pymysql.Connection[Any]:
+    """A PyMySQL session to the server of ``settings``, with TLS as its ``ssl_mode`` says;
+    ``bound`` watches it from before the handshake (a greeting may trickle in too)."""
+    conn = _Connection(settings.tls_required, defer_connect=True, **settings.sync_connect_kwargs())
+    if bound is not None:
+        bound.watch(conn)
+    conn.connect()
+    return conn
+
+
+async def async_connect(settings: Settings, bound: AsyncBound | None = None) -> Any:
+    """An aiomysql session to the server of ``settings``, with TLS as its ``ssl_mode`` says
+    (``bound`` cancels the block it guards: nothing to watch)."""
+    conn = _AsyncConnection(settings.tls_required, **settings.async_connect_kwargs())
+    await conn._connect()  # what aiomysql.connect() does (it closes the socket on failure)
+    return conn
 
 
 def is_open(conn: Any) -> bool:

@@ -3,7 +3,9 @@
 The server comes from ``MULTILOCK_MYSQL_URL`` (default: the local ``test``
 database) through :func:`multilock.testing.server_url`, which skips when it is
 down -- or fails when backends are required, as in CI. Tests that stop, freeze or
-reconfigure a server get a private MariaDB of their own (:class:`PrivateServer`).
+reconfigure a server get a private MariaDB of their own (:class:`PrivateServer`); the
+TLS tests' servers present certificates of a throwaway CA made by the repository's
+``scripts/test-ca`` (``test_ca``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import pytest
 from multilock.backend import LockURL
 from multilock.testing import poll, require_backends, server_url
 from multilock_mysql._config import parse_settings
+from multilock_mysql._runtime import connect as connect_settings
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 SERVER = shutil.which("mariadbd") or shutil.which("mysqld")
 INSTALL_DB = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
 
@@ -61,7 +65,7 @@ def make_url(mysql_url: str, program_name: str) -> Callable[..., str]:
 
 def connect(url: str) -> pymysql.Connection[Any]:
     """A plain PyMySQL session to ``url``'s server, as another replica would have."""
-    return pymysql.connect(**parse_settings(LockURL.parse(url)).sync_connect_kwargs())
+    return connect_settings(parse_settings(LockURL.parse(url)))
 
 
 @pytest.fixture
@@ -170,9 +174,21 @@ class PrivateServer:
                 self.proc.wait()
 
     def freeze(self) -> None:
-        """SIGSTOP: the kernel still accepts bytes for it, nothing answers."""
+        """SIGSTOP: the kernel still accepts bytes for it, nothing answers. Returns once
+        every thread of it is stopped (a thread running on another core at the signal
+        could otherwise still answer one more round trip)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        poll(
+            "every thread of the server stopped",
+            lambda: all(
+                (task / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt"
+                for task in tasks.iterdir()
+            ),
+            within=5,
+            not_yet=(OSError,),  # a thread that ended as we looked
+        )
 
     def thaw(self) -> None:
         """SIGCONT."""
@@ -199,3 +215,17 @@ def private(
 ) -> PrivateServer:
     """A private server for this test module (see :class:`PrivateServer`)."""
     return private_server(request, tmp_path_factory.mktemp("mariadb"))
+
+
+@pytest.fixture(scope="session")
+def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
+    directory = tmp_path_factory.mktemp("tls") / "ca"
+    try:
+        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        message = f"cannot make the test CA with scripts/test-ca: {exc}"
+        if require_backends(request.config):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return directory

@@ -17,7 +17,7 @@ import pytest
 import multilock
 from multilock import LostSignal
 from multilock.errors import BackendUnavailable, LockLost
-from multilock.testing import poll
+from multilock.testing import TcpProxy, poll
 from multilock_mysql import AsyncMySQLLocker, MySQLLocker
 
 from .conftest import PrivateServer, query, with_options
@@ -235,3 +235,95 @@ def test_a_restarted_server_fires_lost_at_once_and_the_locker_comes_back(
         again = locker.try_acquire(lease.name)
         assert again is not None
         again.release()
+
+
+async def _call(result: Any) -> Any:
+    """The value of a sync call, or of an async one awaited."""
+    return await result if asyncio.iscoroutine(result) else result
+
+
+# The documented bound of each call (docs/backends/mysql.md, "Deadlines"), with
+# connect_timeout = timeout = TIMEOUT.
+_BOUNDS = {"connect": 2 * TIMEOUT, "release": TIMEOUT, "extend": TIMEOUT, "locks": 3 * TIMEOUT}
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize("operation", sorted(_BOUNDS))
+def test_no_call_outlives_its_bound_on_a_frozen_server(
+    private: PrivateServer, api: str, operation: str
+) -> None:
+    """SIGSTOP: the kernel still completes TCP handshakes and takes bytes; nothing answers.
+    A new session, ``locks()`` and an extend fail with ``BackendUnavailable`` (an extend
+    cuts the session, so its lease is lost: ``LockLost``); a release reports the lock
+    gone with the session (``False``). Each within its bound."""
+    url = with_options(private.url, timeout=TIMEOUT, connect_timeout=TIMEOUT, health_interval="1h")
+
+    async def attempt(locker: Any, lease: Any) -> object:
+        try:
+            if operation == "connect":
+                return await _call(locker.try_acquire(_name()))
+            if operation == "locks":
+                return await _call(locker.locks())
+            return await _call(getattr(lease, operation)())
+        except (BackendUnavailable, LockLost) as exc:
+            return type(exc)
+
+    async def main() -> object:
+        locker: Any = (multilock.connect if api == "sync" else multilock.connect_async)(url)
+        try:
+            lease = None if operation == "connect" else await _call(locker.try_acquire(_name()))
+            private.freeze()
+            try:
+                start = time.monotonic()
+                outcome = await attempt(locker, lease)
+                elapsed = time.monotonic() - start
+                assert elapsed <= _BOUNDS[operation] + 1.0, f"{operation} took {elapsed:.2f}s"
+            finally:
+                private.thaw()
+        finally:
+            await _call(locker.close() if api == "sync" else locker.aclose())
+        return outcome
+
+    expected = {"release": False, "extend": LockLost}.get(operation, BackendUnavailable)
+    assert asyncio.run(main()) == expected
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize("operation", sorted(_BOUNDS))
+def test_no_call_outlives_its_bound_on_a_trickling_server(
+    mysql_url: str, api: str, operation: str
+) -> None:
+    """An answer trickling in a byte every 0.2 s keeps each read short (the driver's
+    read timeout never fires) and would keep a call alive for ever: each call is cut
+    at its bound as on a frozen server, sync and async."""
+    with TcpProxy.before(mysql_url) as proxy:
+        url = with_options(
+            proxy.url(mysql_url), timeout=TIMEOUT, connect_timeout=TIMEOUT, health_interval="1h"
+        )
+
+        async def main() -> object:
+            locker: Any = (multilock.connect if api == "sync" else multilock.connect_async)(url)
+            try:
+                lease = None
+                if operation != "connect":
+                    lease = await _call(locker.try_acquire(_name()))
+                proxy.trickle(0.2)
+                start = time.monotonic()
+                try:
+                    if operation == "connect":
+                        outcome = await _call(locker.try_acquire(_name()))
+                    elif operation == "locks":
+                        outcome = await _call(locker.locks())
+                    else:
+                        outcome = await _call(getattr(lease, operation)())
+                except (BackendUnavailable, LockLost) as exc:
+                    outcome = type(exc)
+                elapsed = time.monotonic() - start
+                assert elapsed <= _BOUNDS[operation] + 1.0, f"{operation} took {elapsed:.2f}s"
+                proxy.trickle(None)
+            finally:
+                await _call(locker.close() if api == "sync" else locker.aclose())
+            return outcome
+
+        expected = {"release": False, "extend": LockLost}.get(operation, BackendUnavailable)
+        assert asyncio.run(main()) == expected

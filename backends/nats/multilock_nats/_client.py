@@ -26,18 +26,19 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import nats
 import nats.aio.client
 import nats.errors
 import nats.js
 import nats.js.errors
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
 
 from multilock.errors import MultilockError
 
 from ._config import NatsConfig
-from ._errors import NATS_ERRORS, WRONG_LAST_SEQUENCE
+from ._errors import NATS_ERRORS, WRONG_LAST_SEQUENCE, NoTLS
 
 __all__ = ["FENCE_HEADER", "Client", "Holder"]
 
@@ -63,6 +64,22 @@ async def _quiet(exc: Exception) -> None:
     """nats-py's error callback: the calls that fail report it; nothing to log here."""
 
 
+class _Connection(nats.aio.client.Client):
+    """nats-py's client, refusing a server whose greeting does not require TLS when the
+    URL asks for it. nats-py upgrades only when the greeting says ``tls_required``, and
+    would otherwise send CONNECT, credentials included, in clear: a man in the middle
+    can take that flag out of the greeting."""
+
+    def __init__(self, insist_on_tls: bool) -> None:
+        super().__init__()
+        self._insist_on_tls = insist_on_tls
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        if initial_connection and self._insist_on_tls and not info.get("tls_required"):
+            raise NoTLS
+        await super()._process_info(info, initial_connection)
+
+
 class Client:
     """A connection to the NATS servers of a URL, and its bucket, in one event loop."""
 
@@ -86,7 +103,7 @@ class Client:
             if self._nc is not None and self._js is not None and self._nc.is_connected:
                 return self._js
             await self._discard()
-            nc = nats.aio.client.Client()
+            nc = _Connection(insist_on_tls=self.config.ssl_context is not None)
             try:
                 async with asyncio.timeout(self.config.connect_timeout):
                     await nc.connect(
@@ -211,32 +228,48 @@ class Client:
         return int(answer.get("purged", 0)) > 0
 
     async def holders(self) -> list[Holder]:
-        """Every key of the bucket under the locker's prefix, with its last message."""
+        """Every key of the bucket under the locker's prefix, with its last message.
+
+        One ordered consumer delivers each subject's last message (what a KV ``keys()``
+        watch does): a few requests whatever the number of keys, each message awaited
+        at most ``timeout``."""
         js = await self.ready()
         start = self.config.subjects + self.config.prefix
-        info = await js.stream_info(self.config.stream, subjects_filter=f"{self.config.subjects}>")
-        subjects = [s for s in (info.state.subjects or {}) if s.startswith(start)]
         max_age = timedelta(seconds=self.max_age or 0)
+        sub = await js.subscribe(
+            f"{self.config.subjects}>",
+            stream=self.config.stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=max(5.0, 2 * self.config.timeout),
+        )
         found = []
-        for subject in subjects:
-            try:
-                message = await js.get_last_msg(self.config.stream, subject)
-            except nats.js.errors.NotFoundError:
-                continue  # released meanwhile
-            headers = message.headers or {}
-            if headers.get("KV-Operation") in _MARKERS or message.time is None:
-                continue
-            fence = headers.get(FENCE_HEADER)
-            found.append(
-                Holder(
-                    key=subject[len(self.config.subjects) :],
-                    token=(message.data or b"").decode("utf-8", "replace"),
-                    revision=int(message.seq or 0),
-                    fence=int(fence) if fence else int(message.seq or 0),
-                    written=message.time,
-                    expires=message.time + max_age,
+        try:
+            info = await sub.consumer_info()
+            # Delivered already, or still to come: read up to the message after which
+            # nothing is pending.
+            delivered = info.delivered.consumer_seq if info.delivered else 0
+            more = bool(info.num_pending or delivered)
+            while more:
+                message = await sub.next_msg(timeout=self.config.timeout)
+                meta = message.metadata
+                more = meta.num_pending > 0
+                headers = message.headers or {}
+                if not message.subject.startswith(start) or headers.get("KV-Operation") in _MARKERS:
+                    continue
+                fence = headers.get(FENCE_HEADER)
+                found.append(
+                    Holder(
+                        key=message.subject[len(self.config.subjects) :],
+                        token=(message.data or b"").decode("utf-8", "replace"),
+                        revision=meta.sequence.stream,
+                        fence=int(fence) if fence else meta.sequence.stream,
+                        written=meta.timestamp,
+                        expires=meta.timestamp + max_age,
+                    )
                 )
-            )
+        finally:
+            await sub.unsubscribe()
         return found
 
     async def purge(self, subject: str) -> None:

@@ -10,7 +10,7 @@ import nats.js.errors
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, MultilockError
 
-__all__ = ["NATS_ERRORS", "WRONG_LAST_SEQUENCE", "translate"]
+__all__ = ["NATS_ERRORS", "WRONG_LAST_SEQUENCE", "NoTLS", "translate"]
 
 NATS_ERRORS = (nats.errors.Error, OSError)
 """What a nats-py call may raise (its JetStream API errors are ``nats.errors.Error`` too;
@@ -18,7 +18,17 @@ NATS_ERRORS = (nats.errors.Error, OSError)
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a publish whose expected last subject sequence was not
 the subject's: the key is held (or was renewed) by someone else."""
+
+
+class NoTLS(nats.errors.Error):
+    """The server's greeting does not require TLS, and the URL asks for it."""
+
+    def __str__(self) -> str:
+        return "the server does not offer TLS, which the URL asks for (tls=true)"
+
+
 _UNAVAILABLE = (
+    NoTLS,  # a server misconfigured, or a man in the middle: not the URL's fault
     nats.errors.TimeoutError,
     nats.errors.NoServersError,
     nats.errors.ConnectionClosedError,

@@ -116,6 +116,10 @@ class _NatsCommon:
         self._held: set[Any] = set()
         return self._config.ttl
 
+    def _call_limit(self) -> float:
+        """How long a whole call may take: a connect and three requests, each bounded."""
+        return self._config.connect_timeout + 3 * self._config.timeout + 1.0
+
     @property
     def bucket(self) -> str:
         """The KV bucket of this locker's locks."""
@@ -269,10 +273,8 @@ class NatsLocker(_NatsCommon, LockerBase):
     def _call(self, work: Any) -> Any:
         """Run ``work`` (a coroutine over the portal's client) and wait for it. Each of its
         requests is bounded; the wait only guards against a bug."""
-        config = self._config
-        limit = config.connect_timeout + 3 * config.timeout + 1.0
         try:
-            return self._in_portal().portal.call(work, limit)
+            return self._in_portal().portal.call(work, self._call_limit())
         except TimeoutError as exc:
             raise translate(exc, self._url, "waiting for nats-py") from None
 
@@ -343,7 +345,11 @@ class AsyncNatsLocker(_NatsCommon, AsyncLockerBase):
 
     async def locks(self) -> list[LockInfo]:
         """Every lock held in this locker's bucket (under its prefix), by any holder."""
-        return await self._locks_in(self._client)
+        # Each read is bounded; the whole listing too, as the sync locker's call is.
+        try:
+            return await asyncio.wait_for(self._locks_in(self._client), self._call_limit())
+        except TimeoutError as exc:
+            raise translate(exc, self._url, "listing the locks") from None
 
     async def _close(self) -> None:
         renewer, self._renewer = self._renewer, None

@@ -4,7 +4,8 @@
 JetStream on 127.0.0.1:4222), skipped when it is down -- or failed when backends are
 required. ``make_url`` gives each test a bucket of its own, deleted after the test, so
 that the shared server keeps nothing of the run. Tests that break a server get a private
-``nats-server`` on a free port (``private_nats``).
+``nats-server`` on a free port (``private_nats``); the TLS tests' servers present
+certificates of a throwaway CA made by the repository's ``scripts/test-ca`` (``test_ca``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from multilock.backend import LockURL
 from multilock.testing import require_backends, server_url
 
 DEFAULT_URL = "nats://127.0.0.1:4222/multilock-test"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +80,7 @@ class PrivateNats:
     """A ``nats-server`` with JetStream of our own: ``start()``, ``stop()``, ``freeze()``."""
 
     def __init__(self, store: Path, *auth: str) -> None:
+        """``auth``: more ``nats-server`` flags (credentials, TLS)."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port: int = probe.getsockname()[1]
@@ -94,7 +97,7 @@ class PrivateNats:
         """Start it (on the same store as before) and wait until it takes connections."""
         executable = shutil.which("nats-server")
         if executable is None:
-            pytest.skip("nats-server is not installed")
+            raise RuntimeError("nats-server is not installed")
         self.process = subprocess.Popen(
             [executable, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store),
              *self.auth],
@@ -153,7 +156,7 @@ def private_nats(
         servers.append(server)
         try:
             server.start()
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # not installed, or did not start in time
             if require_backends(request.config):
                 pytest.fail(str(exc), pytrace=False)
             pytest.skip(str(exc))
@@ -162,3 +165,27 @@ def private_nats(
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
+    directory = tmp_path_factory.mktemp("tls") / "ca"
+    try:
+        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        message = f"cannot make the test CA with scripts/test-ca: {exc}"
+        if require_backends(request.config):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return directory
+
+
+def tls_flags(ca: Path, cert: str = "server", client_auth: bool = False) -> tuple[str, ...]:
+    """``nats-server`` flags for TLS with ``{cert}.crt`` of the test CA ``ca``, wanting a
+    client certificate of that CA when ``client_auth``."""
+    flags: tuple[str, ...] = ("--tls", "--tlscert", str(ca / f"{cert}.crt"))
+    flags += ("--tlskey", str(ca / f"{cert}.key"))
+    if client_auth:
+        flags += ("--tlsverify", "--tlscacert", str(ca / "ca.crt"))
+    return flags

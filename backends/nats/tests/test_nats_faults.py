@@ -153,3 +153,83 @@ def test_a_key_deleted_by_a_kv_client_is_free(private_nats: Callable[..., Privat
         assert again.fencing_token > lease.fencing_token
         assert not lease.release()  # the first holder's purge cannot touch the new key
         assert again.release()
+
+
+async def _call(result: Any) -> Any:
+    """The value of a sync call, or of an async one awaited."""
+    return await result if asyncio.iscoroutine(result) else result
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize("operation", ["connect", "release", "extend", "locks"])
+def test_no_call_outlives_its_timeout_on_a_frozen_server(
+    private_nats: Callable[..., PrivateNats], api: str, operation: str
+) -> None:
+    """SIGSTOP: the kernel still completes TCP handshakes and takes bytes; nothing
+    answers. A new connection, a release, an extend and ``locks()`` each give up within
+    their timeout."""
+    server = private_nats()
+
+    async def attempt(locker: Any, lease: Any) -> object:
+        try:
+            if operation == "connect":
+                return await _call(locker.try_acquire("frozen"))
+            if operation == "locks":
+                return await _call(locker.locks())
+            return await _call(getattr(lease, operation)())
+        except MultilockError as exc:
+            return type(exc)
+
+    async def main() -> object:
+        connect = multilock.connect if api == "sync" else multilock.connect_async
+        locker: Any = connect(_url(server))
+        try:
+            lease = None if operation == "connect" else await _call(locker.try_acquire("held"))
+            server.freeze()
+            try:
+                start = time.monotonic()
+                outcome = await attempt(locker, lease)
+                elapsed = time.monotonic() - start
+                assert elapsed < PROMPT, f"{operation} took {elapsed:.2f}s"
+            finally:
+                server.thaw()
+        finally:
+            await _call(locker.close() if api == "sync" else locker.aclose())
+        return outcome
+
+    assert asyncio.run(main()) is BackendUnavailable
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_locks_lists_every_key_of_its_prefix_and_nothing_else(
+    private_nats: Callable[..., PrivateNats], api: str
+) -> None:
+    """Many keys, another prefix's keys and a KV client's delete marker in one bucket."""
+    server = private_nats()
+    ours = [f"job-{i}" for i in range(300)]
+
+    async def main() -> None:
+        connect = multilock.connect if api == "sync" else multilock.connect_async
+        mine: Any = connect(_url(server, prefix="app."))
+        other: Any = connect(_url(server, prefix="other."))
+        try:
+            assert await _call(mine.locks()) == []  # an empty bucket: no wait for nothing
+            held = await _call(mine.try_acquire_many(ours))
+            assert await _call(other.try_acquire("job-0")) is not None
+            assert await _call(mine.try_acquire("deleted")) is not None
+            nc = await nats.connect(f"nats://127.0.0.1:{server.port}", allow_reconnect=False)
+            await (await nc.jetstream().key_value("faults")).delete("app.deleted")
+            await nc.close()
+            start = time.monotonic()
+            listed = await _call(mine.locks())
+            assert time.monotonic() - start < PROMPT
+            assert sorted(info.name for info in listed) == sorted(ours)
+            tokens = {name: lease.fencing_token for name, lease in held.items()}
+            for info in listed:
+                assert info.details["fencing_token"] == tokens[info.name]
+                assert info.expires_at is not None
+        finally:
+            for locker in (mine, other):
+                await _call(locker.close() if api == "sync" else locker.aclose())
+
+    asyncio.run(main())

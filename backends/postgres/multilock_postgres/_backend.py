@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import quote, urlencode
 
 import psycopg
 
@@ -17,7 +16,6 @@ from ._sync.locker import PostgresLocker
 __all__ = ["PostgresBackend", "backend"]
 
 _CLOSED_PORT = 1  # tcpmux: privileged and unused, so a connection is refused at once
-_NETLOC = re.compile(r"^(?P<scheme>[^:]+://)(?P<user>[^@/?#]*@)?(?P<hosts>[^/?#]*)(?P<rest>.*)$")
 
 
 class _PostgresHooks:
@@ -34,17 +32,22 @@ class _PostgresHooks:
         terminate(url, pid)
 
     def unreachable_url(self, url: LockURL) -> str:
-        match = _NETLOC.match(url.raw)
-        if match is None:  # a URL LockURL parsed always matches
-            raise ValueError(f"cannot rewrite {url.masked!r}")
-        path, _, query = match["rest"].partition("?")
-        options = [(k, v) for k, v in parse_qsl(query) if k not in ("connect_timeout", "host")]
+        # Built from the parsed parts, not the raw text: a password with '/', '?' or
+        # '#' in it would cut a pattern over the raw URL in the wrong place.
+        userinfo = ""
+        if url.username is not None:
+            userinfo = quote(url.username, safe="")
+            if url.password is not None:
+                userinfo += ":" + quote(url.password, safe="")
+            userinfo += "@"
+        options = [
+            (k, str(v)) for k, v in url.options.items() if k not in ("connect_timeout", "host")
+        ]
         options.append(("connect_timeout", "1"))
-        host = (url.host or "127.0.0.1").join("[]") if ":" in (url.host or "") else url.host
-        return (
-            f"{match['scheme']}{match['user'] or ''}{host or '127.0.0.1'}:{_CLOSED_PORT}"
-            f"{path or '/'}?{urlencode(options)}"
-        )
+        host = url.host or "127.0.0.1"
+        host = host.join("[]") if ":" in host else host
+        path = quote(url.path or "/", safe="/")
+        return f"{url.scheme}://{userinfo}{host}:{_CLOSED_PORT}{path}?{urlencode(options)}"
 
 
 def terminate(url: LockURL, pid: int) -> bool:

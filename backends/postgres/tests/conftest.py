@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import pwd
-import select
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,7 +28,7 @@ import psycopg
 import pytest
 
 from multilock.backend import LockURL
-from multilock.testing import require_backends, server_url
+from multilock.testing import TcpProxy, require_backends, server_url
 from multilock_postgres._config import parse_settings
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -102,69 +100,12 @@ def holders(admin: psycopg.Connection[Any]) -> Callable[[int], list[int]]:
     return find
 
 
-class FreezableProxy:
-    """A TCP proxy in front of the server that can freeze: stop forwarding while
-    keeping every connection open, as a hung server, proxy or half-dead network
-    does -- the case TCP itself never reports, since the proxy's kernel acks it all."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self._target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)
-        self.port: int = self._listener.getsockname()[1]
-        self.frozen = threading.Event()
-        self._stopping = threading.Event()
-        self._sockets: list[socket.socket] = []
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            upstream = socket.create_connection(self._target)
-            self._sockets += [client, upstream]
-            pump = threading.Thread(target=self._pump, args=(client, upstream), daemon=True)
-            self._threads.append(pump)
-            pump.start()
-
-    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
-        peer = {client: upstream, upstream: client}
-        while not self._stopping.is_set():
-            if self.frozen.is_set():
-                time.sleep(0.01)
-                continue
-            try:
-                readable, _, _ = select.select([client, upstream], [], [], 0.05)
-                for sock in readable:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise ConnectionError("closed")
-                    peer[sock].sendall(data)
-            except (OSError, ConnectionError, ValueError):
-                break
-        for sock in (client, upstream):
-            sock.close()
-
-    def close(self) -> None:
-        """Stop forwarding, close every connection, wait for the threads."""
-        self._stopping.set()
-        self._listener.close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-
-
 @pytest.fixture
-def frozen_proxy(postgres_url: str) -> Iterator[FreezableProxy]:
-    """A freezable TCP proxy in front of the test server (see :class:`FreezableProxy`)."""
+def frozen_proxy(postgres_url: str) -> Iterator[TcpProxy]:
+    """A TCP proxy in front of the test server, to freeze (see :meth:`TcpProxy.freeze`)."""
     url = LockURL.parse(postgres_url)
-    proxy = FreezableProxy(url.host or "127.0.0.1", url.port or 5432)
-    yield proxy
-    proxy.close()
+    with TcpProxy((url.host or "127.0.0.1", url.port or 5432)) as proxy:
+        yield proxy
 
 
 @pytest.fixture(scope="session")

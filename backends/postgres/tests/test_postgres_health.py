@@ -19,9 +19,8 @@ import multilock
 from multilock import LostSignal, advisory_key
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, LockLost
+from multilock.testing import TcpProxy
 from multilock_postgres import AsyncPostgresLocker, PostgresLocker, _runtime
-
-from .conftest import FreezableProxy
 
 INTERVAL = 0.5
 
@@ -229,25 +228,25 @@ def test_async_locker_keeps_checking_in_a_later_event_loop(
     asyncio.run(second())
 
 
-def _through(proxy: FreezableProxy, postgres_url: str, **options: object) -> str:
+def _through(proxy: TcpProxy, postgres_url: str, **options: object) -> str:
     url = LockURL.parse(postgres_url)
     query = "&".join(f"{key}={value}" for key, value in options.items())
     return f"postgresql://{url.username or 'postgres'}@127.0.0.1:{proxy.port}{url.path}?{query}"
 
 
 def test_hung_session_fires_lost_within_interval_plus_timeout(
-    frozen_proxy: FreezableProxy, postgres_url: str
+    frozen_proxy: TcpProxy, postgres_url: str
 ) -> None:
     url = _through(frozen_proxy, postgres_url, health_interval=INTERVAL, health_timeout=1)
     with multilock.connect(url) as locker:
         lease = locker.try_acquire(_name())
         assert lease is not None
-        frozen_proxy.frozen.set()
+        frozen_proxy.freeze()
         frozen = time.monotonic()
         assert lease.lost.wait(INTERVAL + 1.0 + 0.5)
         assert time.monotonic() - frozen <= INTERVAL + 1.0 + 0.5
         assert "did not answer within 1 s" in (lease.lost.reason or "")
-        frozen_proxy.frozen.clear()
+        frozen_proxy.freeze(False)
         again = locker.try_acquire(_name())  # a new session, through the thawed proxy
         assert again is not None
         again.release()
@@ -256,7 +255,7 @@ def test_hung_session_fires_lost_within_interval_plus_timeout(
 @pytest.mark.parametrize("widened", [False, True], ids=["as-is", "cut-window-widened"])
 @pytest.mark.parametrize("held_before", [True, False], ids=["after-a-lease", "never-a-lease"])
 def test_call_stuck_on_a_hung_session_fails_within_the_documented_bound(
-    frozen_proxy: FreezableProxy,
+    frozen_proxy: TcpProxy,
     postgres_url: str,
     make_url: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch,
@@ -294,7 +293,7 @@ def test_call_stuck_on_a_hung_session_fails_within_the_documented_bound(
             first.release()
         else:
             assert locker.try_acquire(taken) is None  # connected, never granted anything
-        frozen_proxy.frozen.set()
+        frozen_proxy.freeze()
         started = time.monotonic()
         with pytest.raises(BackendUnavailable, match="did not answer within 1 s"):
             locker.try_acquire(_name())  # nothing held: only the deadline can free it
@@ -303,7 +302,7 @@ def test_call_stuck_on_a_hung_session_fails_within_the_documented_bound(
 
 
 def test_async_hung_session_fires_lost_within_interval_plus_timeout(
-    frozen_proxy: FreezableProxy, postgres_url: str
+    frozen_proxy: TcpProxy, postgres_url: str
 ) -> None:
     url = _through(frozen_proxy, postgres_url, health_interval=INTERVAL, health_timeout=1)
 
@@ -311,10 +310,10 @@ def test_async_hung_session_fires_lost_within_interval_plus_timeout(
         async with multilock.connect_async(url) as locker:
             lease = await locker.try_acquire(_name())
             assert lease is not None
-            frozen_proxy.frozen.set()
+            frozen_proxy.freeze()
             reason = await asyncio.wait_for(_wait(lease.lost), INTERVAL + 1.0 + 0.5)
             assert "did not answer" in reason
-            frozen_proxy.frozen.clear()
+            frozen_proxy.freeze(False)
             again = await locker.try_acquire(_name())
             assert again is not None
             await again.release()

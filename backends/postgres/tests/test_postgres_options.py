@@ -17,10 +17,9 @@ import multilock
 from multilock import Capability
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, InvalidOption
+from multilock.testing import TcpProxy
 from multilock_postgres import PostgresLocker, backend
 from multilock_postgres._config import parse_settings
-
-from .conftest import FreezableProxy
 
 SECRET = "s3cr3t-Pa55word"
 
@@ -125,9 +124,9 @@ def test_password_given_as_an_option_is_masked_too(postgres_url: str) -> None:
 
 
 def test_connect_timeout_bounds_a_server_that_never_answers(
-    frozen_proxy: FreezableProxy, postgres_url: str
+    frozen_proxy: TcpProxy, postgres_url: str
 ) -> None:
-    frozen_proxy.frozen.set()  # TCP connects, the startup handshake never completes
+    frozen_proxy.freeze()  # TCP connects, the startup handshake never completes
     path = LockURL.parse(postgres_url).path
     url = f"postgresql://postgres@127.0.0.1:{frozen_proxy.port}{path}?connect_timeout=2"
     started = time.monotonic()

@@ -17,12 +17,11 @@ import multilock
 from multilock import advisory_key
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, InvalidOption
+from multilock.testing import TcpProxy
 from multilock_postgres import AsyncPostgresLocker, PostgresLocker
 from multilock_postgres._async import session as async_module
 from multilock_postgres._config import parse_settings
 from multilock_postgres._sync import session as sync_module
-
-from .conftest import FreezableProxy
 
 SLACK = 1.0  # on top of a bound: a loaded two-core machine, a round trip or two
 
@@ -177,7 +176,7 @@ def test_statement_timeout_ends_what_lock_timeout_does_not(
     assert holders(advisory_key(name)) == []
 
 
-def _through(proxy: FreezableProxy, postgres_url: str) -> str:
+def _through(proxy: TcpProxy, postgres_url: str) -> str:
     url = LockURL.parse(postgres_url)
     return (
         f"postgresql://{url.username or 'postgres'}@127.0.0.1:{proxy.port}{url.path}"
@@ -185,15 +184,13 @@ def _through(proxy: FreezableProxy, postgres_url: str) -> str:
     )
 
 
-def _freeze_once_connected(
-    monkeypatch: pytest.MonkeyPatch, module: Any, proxy: FreezableProxy
-) -> None:
+def _freeze_once_connected(monkeypatch: pytest.MonkeyPatch, module: Any, proxy: TcpProxy) -> None:
     """Freeze the proxy the moment ``module`` has made its next connection: the server
     is reached, then never answers again."""
     real = module.open_connection
 
     def frozen(conn: Any) -> Any:
-        proxy.frozen.set()
+        proxy.freeze()
         return conn
 
     def open_then_freeze(*args: Any) -> Any:
@@ -214,7 +211,7 @@ BOUND = 0.5
 
 
 def test_a_server_that_stops_answering_after_connect_cannot_hang_the_acquire(
-    frozen_proxy: FreezableProxy, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    frozen_proxy: TcpProxy, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _freeze_once_connected(monkeypatch, sync_module, frozen_proxy)
     with multilock.connect(_through(frozen_proxy, postgres_url)) as locker:
@@ -225,7 +222,7 @@ def test_a_server_that_stops_answering_after_connect_cannot_hang_the_acquire(
 
 
 def test_locks_and_close_cannot_hang(
-    frozen_proxy: FreezableProxy, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    frozen_proxy: TcpProxy, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with multilock.connect(_through(frozen_proxy, postgres_url)) as locker:
         lease = locker.try_acquire(_name())
@@ -242,7 +239,7 @@ def test_locks_and_close_cannot_hang(
 
 
 def test_async_locks_close_and_session_setup_cannot_hang(
-    frozen_proxy: FreezableProxy, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    frozen_proxy: TcpProxy, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
         async with multilock.connect_async(_through(frozen_proxy, postgres_url)) as locker:
@@ -257,7 +254,7 @@ def test_async_locks_close_and_session_setup_cannot_hang(
             started = time.monotonic()
             await asyncio.wait_for(locker.aclose(), 10)
             assert time.monotonic() - started < BOUND + SLACK
-        frozen_proxy.frozen.clear()
+        frozen_proxy.freeze(False)
         async with multilock.connect_async(_through(frozen_proxy, postgres_url)) as locker:
             started = time.monotonic()
             with pytest.raises(BackendUnavailable, match="timeouts"):

@@ -61,11 +61,19 @@ end
 return 0
 """)
 
+# A release announces itself on the lock key's channel, for the waiting acquires
+# subscribed to it, and only when one is: a PUBLISH in a cluster goes to every node,
+# while PUBSUB NUMSUB counts the subscribers of this node alone (a cluster's waiters
+# poll, they never subscribe).
 RELEASE = Lua("""
 -- KEYS: lock  ARGV: token
 -- Compare-and-delete; returns 1 if this call freed the lock.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  if redis.call('PUBSUB', 'NUMSUB', KEYS[1])[2] > 0 then
+    redis.call('PUBLISH', KEYS[1], '')
+  end
+  return 1
 end
 return 0
 """)
@@ -109,6 +117,9 @@ local freed = 0
 for i, key in ipairs(KEYS) do
   if redis.call('GET', key) == ARGV[i] then
     freed = freed + redis.call('DEL', key)
+    if redis.call('PUBSUB', 'NUMSUB', key)[2] > 0 then
+      redis.call('PUBLISH', key, '')
+    end
   end
 end
 return freed

@@ -42,6 +42,7 @@ from ._config import Config
 from ._errors import OUTCOME_UNKNOWN, shown, unavailable
 from ._logs import KazooLog
 from ._records import hidden_lock_info, lock_info, node_value
+from ._watches import Watches
 
 __all__ = ["Session"]
 
@@ -80,6 +81,7 @@ class Session:
         self._acl_checked = config.username is None
         self._acl = config.acl
         self._paths: dict[str, str] = {}
+        self.watches = Watches(self.client)  # the waiting acquires' (see _watches)
         self.client.add_listener(self._on_state)
 
     # --- connecting ------------------------------------------------------------------
@@ -199,6 +201,8 @@ class Session:
                     self._grace.start()
         for node in lost:
             node.lease.lost.set(reason)
+        if expired:
+            self.watches.forget()  # kazoo drops a dead session's watches
 
     def _give_up_held(self) -> list[Node]:
         # Under the guard. The session may live on: its nodes become orphans.
@@ -261,6 +265,10 @@ class Session:
                 )
             creates.append(Create(name, path, token, result))
         return Batch(self, creates, session_id)
+
+    def lock_path(self, name: str) -> str:
+        """The path of lock ``name``'s node."""
+        return self._path(name)
 
     def _path(self, name: str) -> str:
         # Lock names are few (job names) and hot: escape each once.

@@ -14,11 +14,9 @@ The topology tests get a 3-node ensemble of such servers (``zookeeper_ensemble``
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -313,92 +311,3 @@ def private_zookeeper(
     yield make
     for server in servers:
         server.stop()
-
-
-class LatencyProxy:
-    """Forwards TCP to ``upstream``; the upstream's bytes reach the client ``delay`` late.
-    ``sent`` records every byte the clients sent, as someone on the network sees it."""
-
-    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
-        self.upstream = upstream
-        self.delay = delay
-        self.sent = bytearray()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = [self.listener]
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
-
-    def _spawn(self, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self.threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            server = socket.create_connection(self.upstream)
-            self.sockets += [client, server]
-            late: queue.Queue[tuple[float, bytes]] = queue.Queue()
-            self._spawn(self._pump, client, server, None)
-            self._spawn(self._pump, server, client, late)
-            self._spawn(self._deliver, late, client)
-
-    def _pump(self, src: socket.socket, dst: socket.socket, late: queue.Queue[Any] | None) -> None:
-        try:
-            while data := src.recv(65536):
-                if late is None:
-                    self.sent += data
-                    dst.sendall(data)
-                else:
-                    late.put((time.monotonic() + self.delay, data))
-        except OSError:
-            pass
-        if late is not None:
-            late.put((0.0, b""))
-        else:
-            _close(dst)
-
-    def _deliver(self, late: queue.Queue[tuple[float, bytes]], dst: socket.socket) -> None:
-        while True:
-            due, data = late.get()
-            if not data:
-                _close(dst)
-                return
-            time.sleep(max(0.0, due - time.monotonic()))
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        for sock in self.sockets:
-            _close(sock)
-        for thread in self.threads:
-            thread.join(timeout=5)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
-
-
-@pytest.fixture
-def tcp_proxy() -> Iterator[Callable[..., LatencyProxy]]:
-    """``tcp_proxy((host, port), delay=0.0)``: a started :class:`LatencyProxy`, closed
-    after the test."""
-    proxies: list[LatencyProxy] = []
-
-    def make(upstream: tuple[str, int], *, delay: float = 0.0) -> LatencyProxy:
-        proxies.append(LatencyProxy(upstream, delay))
-        return proxies[-1]
-
-    yield make
-    for proxy in proxies:
-        proxy.close()

@@ -11,22 +11,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 import multilock
 from multilock.backend import LockURL
+from multilock.testing import TcpProxy
 
 DELAY = 0.4
 ONE_TRIP = 1.7 * DELAY  # a second round trip would need 2 * DELAY (0.28 s spare for a busy host)
 
 
 @pytest.fixture
-def slow_url(make_url: Callable[..., str], tcp_proxy: Callable[..., Any]) -> str:
+def slow_url(make_url: Callable[..., str], tcp_proxy: Callable[[tuple[str, int]], TcpProxy]) -> str:
     """The test's URL, through a proxy that makes every round trip ``DELAY`` long."""
     url = LockURL.parse(make_url())
-    proxy = tcp_proxy((url.host or "127.0.0.1", url.port or 2181), delay=DELAY)
+    proxy = tcp_proxy((url.host or "127.0.0.1", url.port or 2181))
+    proxy.delay(DELAY, "answers")
     return f"zookeeper://127.0.0.1:{proxy.port}{url.path}"
 
 

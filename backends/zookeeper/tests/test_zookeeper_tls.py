@@ -20,6 +20,7 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
+from multilock.testing import TcpProxy
 from multilock_zookeeper import backend
 
 from .conftest import PrivateZooKeeper
@@ -106,7 +107,7 @@ def test_a_session_ended_over_tls_fires_lost(
 def test_the_digest_password_does_not_cross_the_network_in_clear(
     private_zookeeper: Callable[..., PrivateZooKeeper],
     test_ca: Path,
-    tcp_proxy: Callable[..., Any],
+    tcp_proxy: Callable[[tuple[str, int]], TcpProxy],
     zookeeper_url: str,
 ) -> None:
     secret = "s3cret-on-the-wire"

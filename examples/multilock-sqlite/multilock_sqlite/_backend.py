@@ -50,15 +50,16 @@ def _open(url: LockURL) -> tuple[Store, float]:
 class SQLiteLease(LeaseBase):
     """A lease of ``sqlite://`` (sync API)."""
 
-    __slots__ = ("_locker",)
+    __slots__ = ("_locker", "_ttl")
     _locker: SQLiteLocker
+    _ttl: float  # the acquire's ttl: what extend() pushes by when given none
 
     def _release(self) -> bool:
         self._locker._leases.discard(self)
         return self._locker._store.release(self.name, self.token)
 
     def _extend(self, ttl: float | None) -> float | None:
-        seconds = self._locker.default_ttl if ttl is None else ttl
+        seconds = self._ttl if ttl is None else ttl
         if not self._locker._store.extend(self.name, self.token, seconds):
             raise NotOwner(f"lease on {self.name!r} expired and may have a new holder")
         return seconds
@@ -67,15 +68,16 @@ class SQLiteLease(LeaseBase):
 class AsyncSQLiteLease(AsyncLeaseBase):
     """A lease of ``sqlite://`` (async API): the same SQL, run in a worker thread."""
 
-    __slots__ = ("_locker",)
+    __slots__ = ("_locker", "_ttl")
     _locker: AsyncSQLiteLocker
+    _ttl: float
 
     async def _release(self) -> bool:
         self._locker._leases.discard(self)
         return await asyncio.to_thread(self._locker._store.release, self.name, self.token)
 
     async def _extend(self, ttl: float | None) -> float | None:
-        seconds = self._locker.default_ttl if ttl is None else ttl
+        seconds = self._ttl if ttl is None else ttl
         store = self._locker._store
         if not await asyncio.to_thread(store.extend, self.name, self.token, seconds):
             raise NotOwner(f"lease on {self.name!r} expired and may have a new holder")
@@ -109,6 +111,7 @@ class _SQLiteCommon:
             return None
         lease = cls(name, name, token, fence, ttl)
         lease._locker = self  # type: ignore[assignment]
+        lease._ttl = ttl
         self._leases.add(lease)
         return lease
 

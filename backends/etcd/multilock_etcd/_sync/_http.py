@@ -81,10 +81,10 @@ class Connection:
     def request(
         self, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes, within: float
     ) -> tuple[int, bytes]:
-        """POST ``body`` to ``target``; the status and the whole body of the answer. Each
-        socket operation waits at most ``within`` seconds (on the sync side; the async
-        caller bounds the request itself)."""
-        self._stream.set_timeout(within)
+        """POST ``body`` to ``target``; the status and the whole body of the answer,
+        within ``within`` seconds in all (on the sync side; the async caller bounds the
+        request itself)."""
+        self._stream.set_deadline(within)
         self._send(target, headers, body)
         status = 0
         chunks = []

@@ -15,7 +15,6 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-import aiomysql
 from pymysql.err import MySQLError
 
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, Capability, LockInfo, LockURL
@@ -31,6 +30,7 @@ from .._runtime import (
     AsyncGuard,
     AsyncMutex,
     AsyncWatch,
+    async_connect,
     async_hang_up,
     async_is_open,
 )
@@ -357,8 +357,8 @@ class AsyncMySQLLocker(AsyncLockerBase):
             raise MultilockError(f"{self!r} is closed")
         conn: Any = None
         try:
-            async with AsyncBound(settings.connect_timeout + settings.timeout):
-                conn = await aiomysql.connect(**settings.async_connect_kwargs())
+            async with AsyncBound(settings.connect_timeout + settings.timeout) as bound:
+                conn = await async_connect(settings, bound)
                 cursor = await conn.cursor()
                 if settings.fence is not None:
                     await self._ensure_fence(cursor, settings.fence)
@@ -427,7 +427,8 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 if leases or self._suspects:
                     # Release before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    async with AsyncBound(self._settings.timeout):
+                    async with AsyncBound(self._settings.timeout) as bound:
+                        bound.watch(conn)
                         await cursor.execute(_sql.UNLOCK_ALL)
                         await cursor.fetchone()
             except _DRIVER_ERRORS as exc:
@@ -450,8 +451,8 @@ class AsyncMySQLLocker(AsyncLockerBase):
         settings = self._settings
         conn: Any = None
         try:
-            async with AsyncBound(settings.connect_timeout + 2 * settings.timeout):
-                conn = await aiomysql.connect(**settings.async_connect_kwargs())
+            async with AsyncBound(settings.connect_timeout + 2 * settings.timeout) as bound:
+                conn = await async_connect(settings, bound)
                 cursor = await conn.cursor()
                 await cursor.execute(_introspect.PROBE)
                 source = _introspect.choose(settings.url, await cursor.fetchone())

@@ -17,7 +17,6 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-import pymysql
 from pymysql.err import MySQLError
 
 from multilock.backend import Capability, LeaseBase, LockerBase, LockInfo, LockURL
@@ -33,6 +32,7 @@ from .._runtime import (
     Guard,
     Mutex,
     Watch,
+    connect,
     hang_up,
     is_open,
 )
@@ -357,8 +357,8 @@ class MySQLLocker(LockerBase):
             raise MultilockError(f"{self!r} is closed")
         conn: Any = None
         try:
-            with Bound(settings.connect_timeout + settings.timeout):
-                conn = pymysql.connect(**settings.sync_connect_kwargs())
+            with Bound(settings.connect_timeout + settings.timeout) as bound:
+                conn = connect(settings, bound)
                 cursor = conn.cursor()
                 if settings.fence is not None:
                     self._ensure_fence(cursor, settings.fence)
@@ -427,7 +427,8 @@ class MySQLLocker(LockerBase):
                 if leases or self._suspects:
                     # Release before closing: the server ends a closed session a little
                     # later, and the next holder should not have to wait for that.
-                    with Bound(self._settings.timeout):
+                    with Bound(self._settings.timeout) as bound:
+                        bound.watch(conn)
                         cursor.execute(_sql.UNLOCK_ALL)
                         cursor.fetchone()
             except _DRIVER_ERRORS as exc:
@@ -450,8 +451,8 @@ class MySQLLocker(LockerBase):
         settings = self._settings
         conn: Any = None
         try:
-            with Bound(settings.connect_timeout + 2 * settings.timeout):
-                conn = pymysql.connect(**settings.sync_connect_kwargs())
+            with Bound(settings.connect_timeout + 2 * settings.timeout) as bound:
+                conn = connect(settings, bound)
                 cursor = conn.cursor()
                 cursor.execute(_introspect.PROBE)
                 source = _introspect.choose(settings.url, cursor.fetchone())

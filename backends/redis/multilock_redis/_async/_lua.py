@@ -92,6 +92,11 @@ class AsyncLink:
         # When the connection last answered; None while it is not known to be open.
         self._answered: float | None = None
 
+    @property
+    def client(self) -> AsyncClient:
+        """The redis-py client whose pool the link draws on (for a pub/sub connection)."""
+        return self._client
+
     async def run(self, script: Lua, keys: list[str], args: list[str | int]) -> Any:
         """Run ``script`` on ``keys`` with ``args``; its reply as redis-py parses it."""
         if self._pid != os.getpid() or not self._gate.enter():

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any
 
-from multilock.backend import LeaseBase, LockerBase, LockURL
+from multilock.backend import LeaseBase, LockerBase, LockURL, ReleaseWatch
 
 from .._common import RedisLockerCommon
+from .._config import SyncClient
 from .._errors import REDIS_ERRORS, translate
+from .._keys import lock_key
+from .._pubsub import sync_close_pubsub
 from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
 from ._cluster import new_link
+from ._lua import SyncLink
 
-__all__ = ["RedisLease", "RedisLocker"]
+__all__ = ["RedisLease", "RedisLocker", "RedisWatch"]
 
 
 class RedisLease(LeaseBase):
@@ -192,6 +198,11 @@ class RedisLocker(RedisLockerCommon, LockerBase):
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
 
+    def _watch_released(self, name: str) -> ReleaseWatch:
+        if not isinstance(self._link, SyncLink):
+            return ReleaseWatch()  # a cluster's waiters poll (see RELEASE)
+        return RedisWatch(self._link.client, lock_key(name, self.prefix))
+
     def _close(self) -> None:
         keys, tokens = self._drop_all()
         try:
@@ -200,6 +211,55 @@ class RedisLocker(RedisLockerCommon, LockerBase):
             self._close_failed(exc, len(keys))
         finally:
             self._link.close()
+
+
+class RedisWatch(ReleaseWatch):
+    """A waiting acquire's watch: subscribed to the lock key's channel, on which the
+    release scripts publish.
+
+    The subscription is made at the first wait, after a failed try (an acquire of a
+    free name costs nothing more), and that wait returns at once: the next try, made
+    subscribed, sees any release the subscription could have missed. A pub/sub
+    connection of the client's pool, for the wait only; should it fail (an ACL without
+    pub/sub, a dropped connection), the acquire polls instead: the tries themselves
+    report a Redis that cannot be asked.
+    """
+
+    def __init__(self, client: SyncClient, channel: str) -> None:
+        self._client = client
+        self._channel = channel
+        self._pubsub: Any = None  # None: not subscribed yet
+
+    def wait(self, seconds: float) -> None:
+        """Until a release is published on the channel, or ``seconds`` have passed."""
+        if self._pubsub is None:
+            # redis-py types the async pubsub(), not the sync one.
+            self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
+            try:
+                self._pubsub.subscribe(self._channel)
+            except REDIS_ERRORS:
+                pass  # self.wakes stays False: poll
+            else:
+                self.wakes = True
+                return  # try again now, subscribed
+        until = time.monotonic() + seconds
+        while self.wakes and (left := until - time.monotonic()) > 0:
+            try:
+                # None: the time is up, or a message that is not a publication (the
+                # subscription's confirmation), which does not end the wait.
+                if self._pubsub.get_message(timeout=left) is not None:
+                    return
+            except REDIS_ERRORS:
+                self.wakes = False
+        left = until - time.monotonic()
+        if left > 0:
+            super().wait(left)
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._pubsub is not None:
+            sync_close_pubsub(self._pubsub)
 
 
 def _expiry(ttl: float) -> datetime:

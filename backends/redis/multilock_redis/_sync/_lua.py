@@ -94,6 +94,11 @@ class SyncLink:
         # When the connection last answered; None while it is not known to be open.
         self._answered: float | None = None
 
+    @property
+    def client(self) -> SyncClient:
+        """The redis-py client whose pool the link draws on (for a pub/sub connection)."""
+        return self._client
+
     def run(self, script: Lua, keys: list[str], args: list[str | int]) -> Any:
         """Run ``script`` on ``keys`` with ``args``; its reply as redis-py parses it."""
         if self._pid != os.getpid() or not self._gate.enter():

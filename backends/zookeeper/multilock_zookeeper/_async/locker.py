@@ -19,6 +19,7 @@ from .._capabilities import CAPABILITIES
 from .._config import Config
 from .._session import Session
 from .._started import AsyncStartedLease, AsyncStartedLocker
+from .._watches import AsyncZooKeeperWatch
 
 __all__ = ["AsyncZooKeeperLease", "AsyncZooKeeperLocker"]
 
@@ -110,6 +111,10 @@ class AsyncZooKeeperLocker(AsyncStartedLocker, AsyncLockerBase):
         for _, request in reads:
             await async_settle(request, deadline)
         return self._session.lock_infos(reads)
+
+    def _watch_released(self, name: str) -> AsyncZooKeeperWatch:
+        session = self._session
+        return AsyncZooKeeperWatch(session.watches, session.lock_path(name), session.deadline)
 
     async def _close(self) -> None:
         for lease in self._session.closing():

@@ -21,6 +21,7 @@ from .._capabilities import CAPABILITIES
 from .._config import Config
 from .._session import Session
 from .._started import SyncStartedLease, SyncStartedLocker
+from .._watches import ZooKeeperWatch
 
 __all__ = ["ZooKeeperLease", "ZooKeeperLocker"]
 
@@ -110,6 +111,10 @@ class ZooKeeperLocker(SyncStartedLocker, LockerBase):
         for _, request in reads:
             sync_settle(request, deadline)
         return self._session.lock_infos(reads)
+
+    def _watch_released(self, name: str) -> ZooKeeperWatch:
+        session = self._session
+        return ZooKeeperWatch(session.watches, session.lock_path(name), session.deadline)
 
     def _close(self) -> None:
         for lease in self._session.closing():

@@ -1,0 +1,171 @@
+"""The waiting acquire's parts the conformance suite cannot see: the backoff, the
+timeout's forms, memory://'s wake-up on release, and the sync locker's async view."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+from types import TracebackType
+
+import pytest
+
+import multilock
+from multilock._locks.base import (
+    FIRST_WAIT,
+    POLL_CAP,
+    WAKE_CAP,
+    AsyncReleaseWatch,
+    Patience,
+    parse_timeout,
+)
+from multilock._locks.sync_adapter import AsyncView
+from multilock.errors import ConfigurationError, LockTimeout
+from multilock.testing import apoll, poll
+
+
+def test_timeout_forms() -> None:
+    assert parse_timeout(None) is None
+    assert parse_timeout(0) == 0.0
+    assert parse_timeout(timedelta(0)) == 0.0
+    assert parse_timeout("250ms") == 0.25
+    for bad in (-1, -0.5, "soon", True, float("nan")):
+        with pytest.raises(ConfigurationError):
+            parse_timeout(bad)
+
+
+def test_backoff_is_jittered_capped_and_ends_at_the_deadline() -> None:
+    waits = [Patience("x", None).next_wait() for _ in range(200)]
+    assert all(FIRST_WAIT / 2 <= w <= FIRST_WAIT for w in waits)
+    assert len(set(waits)) > 100, "the first waits are not jittered"
+    for wakes, cap in ((False, POLL_CAP), (True, WAKE_CAP)):
+        patience = Patience("x", None)
+        later = [patience.next_wait(wakes) for _ in range(30)][-10:]
+        assert all(cap / 2 <= w <= cap for w in later), (wakes, later)
+    with pytest.raises(LockTimeout, match="'x' stayed held"):
+        Patience("x", 0).next_wait()
+    patience = Patience("x", 0.05)
+    assert sum(patience.next_wait() for _ in range(3)) <= 0.05  # never past the deadline
+
+
+def test_memory_watch_wakes_on_release(memory_url: str) -> None:
+    """A sync waiter on memory:// is woken by the release, not by its next poll."""
+    with multilock.connect(memory_url) as holder, multilock.connect(memory_url) as waiter:
+        lease = holder.try_acquire("woken")
+        assert lease is not None
+        with waiter._watch_released("woken") as watch:  # type: ignore[attr-defined]
+            assert watch.wakes
+            threading.Timer(0.1, lease.release).start()
+            start = time.monotonic()
+            watch.wait(30)
+            assert time.monotonic() - start < 10, "the watch slept its whole wait"
+
+
+def test_memory_async_watch_wakes_on_release_from_another_thread(memory_url: str) -> None:
+    async def scenario() -> None:
+        async with multilock.connect_async(memory_url) as waiter:
+            with multilock.connect(memory_url) as holder:
+                lease = holder.try_acquire("woken-async")
+                assert lease is not None
+                async with waiter._watch_released("woken-async") as watch:  # type: ignore[attr-defined]
+                    threading.Timer(0.1, lease.release).start()
+                    await asyncio.wait_for(watch.wait(30), 10)
+                got = await waiter.acquire("woken-async", timeout=5)
+                await got.release()
+
+    asyncio.run(scenario())
+
+
+def test_memory_waiter_is_forgotten_after_its_wait(memory_url: str) -> None:
+    """Nothing of a timed-out wait stays queued: the namespace has no waiter left."""
+    with multilock.connect(memory_url) as holder, multilock.connect(memory_url) as waiter:
+        lease = holder.try_acquire("forgotten")
+        assert lease is not None
+        with pytest.raises(LockTimeout):
+            waiter.acquire("forgotten", timeout=0.05)
+        assert "forgotten" not in waiter._space.waiters  # type: ignore[attr-defined]
+        lease.release()
+
+
+def test_async_view_waits_and_cancels_cleanly(memory_url: str) -> None:
+    """The async view of a sync locker waits by polling, and a cancelled wait leaves
+    nothing held."""
+
+    async def scenario() -> None:
+        with multilock.connect(memory_url) as holder, multilock.connect(memory_url) as inner:
+            view = AsyncView(inner)
+            lease = holder.try_acquire("view")
+            assert lease is not None
+            waiting = asyncio.ensure_future(view.acquire("view", timeout=30))
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            assert waiting.cancelled()
+            with pytest.raises(LockTimeout):
+                await view.acquire("view", timeout=0.1)
+            waiting = asyncio.ensure_future(view.acquire("view", timeout=30))
+            await asyncio.sleep(0.1)
+            lease.release()
+            got = await asyncio.wait_for(waiting, 10)
+            assert got.held
+            assert holder.try_acquire("view") is None
+            await got.release()
+            poll("free after the view's release", lambda: holder.try_acquire("view"), 5).release()
+            await view.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_acquire_under_timeout_of_the_caller(memory_url: str) -> None:
+    """An `asyncio.timeout` around acquire cancels the wait; nothing stays held."""
+
+    async def scenario() -> None:
+        async with (
+            multilock.connect_async(memory_url) as holder,
+            multilock.connect_async(memory_url) as waiter,
+        ):
+            lease = await holder.try_acquire("outer")
+            assert lease is not None
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.1):
+                    await waiter.acquire("outer")
+            await lease.release()
+            got = await apoll("free", lambda: holder.try_acquire("outer"), 5)
+            await got.release()
+
+    asyncio.run(scenario())
+
+
+class _SlowExit(AsyncReleaseWatch):
+    """A watch whose exit awaits (a connection to close): a cancellation can land there."""
+
+    def __init__(self, exiting: asyncio.Event) -> None:
+        self.exiting = exiting
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.exiting.set()
+        await asyncio.sleep(0.5)
+
+
+def test_grant_cancelled_while_the_watch_closes_is_released(memory_url: str) -> None:
+    """The lease is granted, then the caller is cancelled while the watch's exit awaits:
+    the kit releases the lease nobody will get (found on Redis, whose exit closes a
+    pub/sub connection)."""
+
+    async def scenario() -> None:
+        async with multilock.connect_async(memory_url) as locker:
+            exiting = asyncio.Event()
+            locker._watch_released = lambda name: _SlowExit(exiting)  # type: ignore[attr-defined]
+            task = asyncio.ensure_future(locker.acquire("slow-exit"))
+            await asyncio.wait_for(exiting.wait(), 10)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+            again = await locker.try_acquire("slow-exit")
+            assert again is not None, "the lease granted before the cancellation stayed held"
+            await again.release()
+
+    asyncio.run(scenario())

@@ -7,6 +7,7 @@ module writes into a directory put on ``sys.path`` (the children inherit it).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def _failure(url: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     at the first failure: a defect found only now and then would make this test
     flaky) and shrinking is cut shorter (the report must still be minimal).
     """
-    budget = model.Budget(examples=10_000, seconds=60.0, shrink_seconds=8.0)
+    budget = dataclasses.replace(model.EXPIRING_BUDGET, seconds=60.0, shrink_seconds=8.0)
     monkeypatch.setattr(model, "EXPIRING_BUDGET", budget)
     with pytest.raises(AssertionError) as caught:
         Harness(url, kind).run(model_checked_history)

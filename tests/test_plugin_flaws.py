@@ -163,7 +163,11 @@ def test_catalogue_is_documented() -> None:
 @pytest.mark.parametrize("flaw", sorted(set(DEFECTS) - {"none"}))
 def test_suite_fails_every_defect(pytester: pytest.Pytester, flaw: str) -> None:
     """The suite (its sync variant) fails each defect, on exactly the documented checks."""
-    failed, _ = _failed(pytester, _db_url(pytester, flaw), "-k", "not async")
+    # Not the model check: it draws its histories at random, so which of these
+    # defects it finds within its budget varies from run to run.
+    failed, _ = _failed(
+        pytester, _db_url(pytester, flaw), "-k", "not async and not model_checked_history"
+    )
     checks = {name.removesuffix("[sync]") for name in failed}
     row = f"| `flaw={flaw}` | {DEFECTS[flaw]} | " + ", ".join(f"`{c}`" for c in sorted(checks))
     assert checks, f"the suite passes flawdb with flaw={flaw}"

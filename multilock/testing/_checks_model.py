@@ -66,8 +66,6 @@ letting one pass is cheap; two of them, so that ``extend(ttl)`` taking the wrong
 one shows."""
 LEASE_PICKS = 8
 """A step on a lease draws an index below this (the lease at it modulo the count)."""
-MAX_WAITS = 4
-"""Time-passing steps per example: each costs up to a ttl of wall time."""
 WAIT_GAP = 0.06
 """How far (seconds) a time-passing step lands before or after an expiry window."""
 EPS = 0.02
@@ -87,20 +85,21 @@ REPLY_TIMEOUT = OP_TIMEOUT + 5.0
 class Budget:
     """How much of the model check a backend gets (its own wall time, not CPU)."""
 
-    examples: int
-    """Histories drawn at most."""
     seconds: float
     """No new batch of histories starts after this many seconds."""
+    waits: int = 0
+    """Time-passing steps per history: each costs up to a ttl of wall time."""
     shrink_seconds: float = 15.0
     """Seconds hypothesis spends shrinking a failure (then :func:`_minimize` runs)."""
 
 
-SESSION_BUDGET = Budget(examples=1000, seconds=0.6)
+SESSION_BUDGET = Budget(seconds=0.4)
 """Backends whose leases do not expire: histories cost round trips only."""
-EXPIRING_BUDGET = Budget(examples=1000, seconds=4.0)
-"""TTL without RENEWAL: histories sleep past ttls (at most :data:`MAX_WAITS` each)."""
-RENEWAL_BUDGET = Budget(examples=12, seconds=6.0)
-"""TTL with RENEWAL: each time-passing step sleeps past a whole :data:`SHORT_TTL`."""
+EXPIRING_BUDGET = Budget(seconds=4.0, waits=4)
+"""TTL without RENEWAL: histories sleep past ttls, which is what finds stale holders."""
+RENEWAL_BUDGET = Budget(seconds=3.0, waits=1)
+"""TTL with RENEWAL: a time-passing step sleeps past a whole :data:`SHORT_TTL`, and
+only shows that renewal keeps the lease."""
 
 Status = Literal["alive", "maybe", "expired", "superseded", "ended"]
 
@@ -294,7 +293,6 @@ class _Run:
         self.ttl = h.has(Capability.TTL)
         self.renewal = h.has(Capability.RENEWAL)
         self.expiring = self.ttl and not self.renewal
-        self.timed = self.ttl  # time-passing steps: only leases with a ttl notice them
         self.session = h.has(Capability.SESSION)
         self.fencing = h.has(Capability.FENCING)
         self.introspection = h.has(Capability.INTROSPECTION)
@@ -322,10 +320,7 @@ class _Run:
 
     def more(self) -> bool:
         """Whether to draw another batch of histories."""
-        return (
-            time.monotonic() < self.started + self.budget.seconds
-            and self.examples < self.budget.examples
-        )
+        return time.monotonic() < self.started + self.budget.seconds
 
     def call(self, work: Coroutine[Any, Any, T]) -> T:
         """Run ``work`` on the check's event loop, from hypothesis's thread."""
@@ -390,7 +385,7 @@ def _machine(run: _Run) -> type[_History]:
             if self.record("extend", lease=lease, ttl=ttl) and self.model.leases:
                 self.do_extend(self.model.leases[lease], ttl)
 
-        @precondition(lambda self: run.timed and self.acquires and self.waits < MAX_WAITS)
+        @precondition(lambda self: self.acquires and self.waits < run.budget.waits)
         @rule(before=st.booleans())
         def wait(self, before: bool) -> None:
             """Let time pass to just before the leases held expire, or past it."""

@@ -169,20 +169,6 @@ def private_etcd(
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
-    directory = tmp_path_factory.mktemp("tls") / "ca"
-    try:
-        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        message = f"cannot make the test CA with scripts/test-ca: {exc}"
-        if require_backends(request.config):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return directory
-
-
 _START_TIMEOUT = 30.0
 
 

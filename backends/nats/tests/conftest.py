@@ -167,20 +167,6 @@ def private_nats(
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
-    directory = tmp_path_factory.mktemp("tls") / "ca"
-    try:
-        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        message = f"cannot make the test CA with scripts/test-ca: {exc}"
-        if require_backends(request.config):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return directory
-
-
 def tls_flags(ca: Path, cert: str = "server", client_auth: bool = False) -> tuple[str, ...]:
     """``nats-server`` flags for TLS with ``{cert}.crt`` of the test CA ``ca``, wanting a
     client certificate of that CA when ``client_auth``."""

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from multilock.testing import require_backends, server_url
+from multilock.testing import server_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/15"
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
@@ -42,20 +42,6 @@ def redis_url(pytestconfig: pytest.Config) -> str:
 def name() -> str:
     """A lock name no other test uses."""
     return f"test-{uuid.uuid4().hex}"
-
-
-@pytest.fixture(scope="session")
-def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
-    directory = tmp_path_factory.mktemp("tls") / "ca"
-    try:
-        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        message = f"cannot make the test CA with scripts/test-ca: {exc}"
-        if require_backends(request.config):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return directory
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -93,17 +93,6 @@ def _unavailable(config: pytest.Config, message: str) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory of test certificates made by ``scripts/test-ca`` (see there)."""
-    directory = tmp_path_factory.mktemp("tls") / "ca"
-    try:
-        subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        _unavailable(request.config, f"cannot make the test CA with scripts/test-ca: {exc}")
-    return directory
-
-
 def free_port(address: str = "127.0.0.1") -> int:
     """A TCP port free on ``address`` a moment ago."""
     with socket.socket() as probe:

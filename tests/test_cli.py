@@ -519,71 +519,62 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def test_demo_replicas_never_see_the_url_in_argv_or_environ(postgres_url: str) -> None:
-    secret = "hunter2secret"
-    url = re.sub(r"^postgresql://([^@:/]+)@", rf"postgresql://\1:{secret}@", postgres_url)
-    assert secret in url
+SECRET = "hunter2secret"
+
+
+def _with_secret(postgres_url: str) -> str:
+    url = re.sub(r"^postgresql://([^@:/]+)@", rf"postgresql://\1:{SECRET}@", postgres_url)
+    assert SECRET in url
+    return url
+
+
+def _watch_children(
+    argv: list[str], markers: tuple[bytes, ...], within: float
+) -> tuple[subprocess.CompletedProcess[str], list[bytes]]:
+    """Run ``multilock ARGV`` to its end; the command line and environment of each of
+    its descendants whose command line or environment holds one of ``markers``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "multilock", "demo", "--lock", url, "--seconds", "2",
-         "--replicas", "2"],
+        [sys.executable, "-m", "multilock", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     seen: dict[int, bytes] = {}
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + within
     try:
         while process.poll() is None:
-            assert time.monotonic() < deadline, "the demo did not end"
+            assert time.monotonic() < deadline, f"multilock {argv[0]} did not end"
             for pid in _children(process.pid):
                 try:
                     text = Path(f"/proc/{pid}/cmdline").read_bytes()
                     text += b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
                 except OSError:
                     continue  # ended meanwhile
-                if b"multilock._cli._replica" in text:
-                    seen[pid] = text
-            time.sleep(0.05)
-        out, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 0, out + err
-    assert len(seen) == 2, seen.keys()
-    for text in seen.values():
-        assert secret.encode() not in text
-    assert secret not in out + err
-    assert "4 ticks, 4 runs, 0 duplicates, 0 missed" in out
-
-
-def test_conformance_children_never_see_the_url_in_argv_or_environ(postgres_url: str) -> None:
-    secret = "hunter2secret"
-    url = re.sub(r"^postgresql://([^@:/]+)@", rf"postgresql://\1:{secret}@", postgres_url)
-    assert secret in url
-    process = subprocess.Popen(
-        [sys.executable, "-m", "multilock", "conformance", "-k",
-         "across_processes or stale_holders_across", url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    seen: dict[int, bytes] = {}
-    deadline = time.monotonic() + 120
-    try:
-        while process.poll() is None:
-            assert time.monotonic() < deadline, "the conformance run did not end"
-            for pid in _children(process.pid):
-                try:
-                    text = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    text += b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
-                except OSError:
-                    continue  # ended meanwhile
-                if b"multilock.testing._child" in text or b"multilock.testing._serve" in text:
+                if any(marker in text for marker in markers):
                     seen[pid] = text
             time.sleep(0.02)
         out, err = process.communicate(timeout=60)
     finally:
         process.kill()
-    assert process.returncode == 0, out + err
-    assert len(seen) >= 4, seen.keys()  # 4 processes a check, sync and async
-    for text in seen.values():
-        assert secret.encode() not in text
-    assert secret not in out + err
+    done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    assert done.returncode == 0, out + err
+    assert SECRET not in out + err
+    return done, list(seen.values())
+
+
+def test_demo_replicas_never_see_the_url_in_argv_or_environ(postgres_url: str) -> None:
+    argv = ["demo", "--lock", _with_secret(postgres_url), "--seconds", "2", "--replicas", "2"]
+    done, seen = _watch_children(argv, (b"multilock._cli._replica",), within=90)
+    assert len(seen) == 2
+    assert not [text for text in seen if SECRET.encode() in text]
+    assert "4 ticks, 4 runs, 0 duplicates, 0 missed" in done.stdout
+
+
+def test_conformance_children_never_see_the_url_in_argv_or_environ(postgres_url: str) -> None:
+    checks = "across_processes or stale_holders_across"
+    argv = ["conformance", "-k", checks, _with_secret(postgres_url)]
+    markers = (b"multilock.testing._child", b"multilock.testing._serve")
+    _, seen = _watch_children(argv, markers, within=120)
+    assert len(seen) >= 4  # 4 processes a check, sync and async
+    assert not [text for text in seen if SECRET.encode() in text]
 
 
 def test_a_failing_replica_is_one_line(tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 from ._durations import Duration
 from ._signal import LostSignal
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ._url import LockURL
 
 __all__ = [
+    "DEGRADED_STATES",
     "AsyncDistributedLock",
     "AsyncLease",
     "Backend",
@@ -31,6 +33,7 @@ __all__ = [
     "DistributedLock",
     "Lease",
     "LockInfo",
+    "SupportsDegrade",
     "SupportsLocks",
 ]
 
@@ -274,6 +277,26 @@ class ConformanceHooks(Protocol):
     def unreachable_url(self, url: LockURL) -> str | None:
         """A URL of the same backend that cannot be reached, or ``None`` when the
         backend has no server (in-process), which the suite reports."""
+
+
+DEGRADED_STATES = ("busy", "read-only", "refusing")
+"""The states :meth:`SupportsDegrade.degraded` may put a backend in."""
+
+
+@runtime_checkable
+class SupportsDegrade(Protocol):
+    """An optional conformance hook: conformance hooks that also have ``degraded`` let
+    the suite check that a backend which is reachable but cannot answer raises
+    :class:`~multilock.errors.BackendUnavailable` -- never ``None``, which means "held
+    by another lease"."""
+
+    def degraded(self, url: LockURL, state: str) -> AbstractContextManager[str | None]:
+        """A context manager putting the backend of ``url`` into ``state`` (one of
+        :data:`DEGRADED_STATES`: ``busy`` -- it answers too late; ``read-only`` -- it
+        answers but refuses writes; ``refusing`` -- it refuses the client) for the
+        block, yielding a URL at which a new locker meets that state, or ``None`` when
+        the backend cannot be put in it. Called from a worker thread; everything it
+        changed is undone when the block ends."""
 
 
 class Backend(Protocol):

@@ -24,9 +24,10 @@ from ._locks.outcome import Outcome, finish_shielded
 from ._locks.registry import ENTRY_POINT_GROUP
 from ._signal import LostSignal
 from ._url import LockURL, OptionParser, as_bool, as_duration, as_int, as_str, mask_url, quote_name
-from .abc import Backend, Capability, ConformanceHooks
+from .abc import DEGRADED_STATES, Backend, Capability, ConformanceHooks, SupportsDegrade
 
 __all__ = [
+    "DEGRADED_STATES",
     "ENTRY_POINT_GROUP",
     "MAX_DURATION",
     "MAX_NAME_BYTES",
@@ -45,6 +46,7 @@ __all__ = [
     "OptionParser",
     "Outcome",
     "ReleaseWatch",
+    "SupportsDegrade",
     "as_bool",
     "as_duration",
     "as_int",

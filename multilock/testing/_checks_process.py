@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import tempfile
 import time
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 
 import multilock
-from multilock.abc import Capability
+from multilock.abc import DEGRADED_STATES, Capability, SupportsDegrade
 from multilock.errors import BackendUnavailable
 
+from ._api import in_thread
 from ._checks_ttl import SHORT_TTL, SLACK, fences_newer
 from ._harness import Harness, eventually
 from ._process import Child
@@ -160,3 +162,48 @@ async def unreachable_raises(h: Harness) -> None:
     assert elapsed < UNREACHABLE_BOUND, (
         f"BackendUnavailable took {elapsed:.1f} s on {masked} (bound {UNREACHABLE_BOUND:g} s)"
     )
+
+
+async def degraded_raises(h: Harness) -> None:
+    """A backend reachable but busy, read-only or refusing raises BackendUnavailable
+    (never None, which says "held by another lease"), where its hooks can make it so."""
+    hooks: object = h.hooks
+    if not isinstance(hooks, SupportsDegrade):
+        pytest.skip("the backend's ConformanceHooks have no degraded(): nothing to put it in")
+    tried = []
+    for state in DEGRADED_STATES:
+        manager = hooks.degraded(h.lock_url, state)
+        url = await in_thread(manager.__enter__)
+        try:
+            if url is None:
+                continue
+            tried.append(state)
+            result = await _try_once(type(h.api)(url), h.name(f"degraded-{state}"))
+        finally:
+            await in_thread(functools.partial(manager.__exit__, None, None, None))
+        masked = multilock.backend.mask_url(url)
+        assert result == "raised", (
+            f"a {state} backend ({masked}) answered {result!r}: it must raise"
+            " BackendUnavailable (None says another lease holds the name)"
+        )
+    if not tried:
+        pytest.skip("the backend's degraded() can put it in none of " + ", ".join(DEGRADED_STATES))
+
+
+async def _try_once(api: Any, name: str) -> object:
+    """``"raised"`` if a new locker's try_acquire of ``name`` and its try_acquire_many
+    of another name each raised BackendUnavailable, else what one of them returned."""
+    try:
+        locker = await api.connect()
+        try:
+            return await api.try_acquire(locker, name)
+        except BackendUnavailable:
+            pass
+        try:
+            return await api.try_acquire_many(locker, [f"{name}-many"])
+        except BackendUnavailable:
+            return "raised"
+    except BackendUnavailable:
+        return "raised"
+    finally:
+        await api.close_all()

@@ -183,6 +183,10 @@ class ConformanceTests:
         """20 waiters on one name each get it, one at a time, within a bound."""
         multilock.run(wait.waiters_all_served)
 
+    def test_degraded_backend_raises(self, multilock: Harness) -> None:
+        """Busy, read-only or refusing (where the hooks can make it so): BackendUnavailable."""
+        multilock.run(process.degraded_raises)
+
     def test_model_checked_history(self, multilock: Harness) -> None:
         """Random histories over 3 lockers (2 in other processes) agree with the model."""
         multilock.run(_model_check())

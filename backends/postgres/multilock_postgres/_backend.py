@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlencode
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
@@ -31,6 +35,41 @@ class _PostgresHooks:
             raise ValueError(f"{locker!r} has no PostgreSQL session to terminate")
         terminate(url, pid)
 
+    @contextlib.contextmanager
+    def degraded(self, url: LockURL, state: str) -> Iterator[str | None]:
+        """``refusing``: a role that may not connect (CONNECTION LIMIT 0), made and
+        dropped with the URL's own role where it may create roles. ``busy`` (with
+        ``fencing=true``): a peer holds a lock on the fencing sequence that ``nextval``
+        waits for, past ``lock_timeout``. Advisory locks are taken in read-only
+        transactions too: ``read-only`` does not apply."""
+        settings = parse_settings(url)
+        if state == "refusing":
+            role = f"multilock_refused_{uuid.uuid4().hex[:12]}"
+            try:
+                with _admin(settings) as admin:
+                    admin.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0")
+            except psycopg.Error:  # no CREATEROLE: this state cannot be made here
+                yield None
+                return
+            try:
+                yield _with_user(url, role)
+            finally:
+                with _admin(settings) as admin:
+                    admin.execute(f"DROP ROLE IF EXISTS {role}")
+        elif state == "busy" and settings.fencing_sequence is not None:
+            with PostgresLocker(url) as locker:  # makes the sequence if it is missing
+                lease = locker.try_acquire(f"multilock-degraded-{uuid.uuid4().hex}")
+                if lease is not None:
+                    lease.release()
+            with _admin(settings, autocommit=False) as peer:
+                peer.execute(f"ALTER SEQUENCE {settings.fencing_sequence} CACHE 1")
+                try:
+                    yield url.raw
+                finally:
+                    peer.rollback()
+        else:
+            yield None
+
     def unreachable_url(self, url: LockURL) -> str:
         # Built from the parsed parts, not the raw text: a password with '/', '?' or
         # '#' in it would cut a pattern over the raw URL in the wrong place.
@@ -48,6 +87,20 @@ class _PostgresHooks:
         host = host.join("[]") if ":" in host else host
         path = quote(url.path or "/", safe="/")
         return f"{url.scheme}://{userinfo}{host}:{_CLOSED_PORT}{path}?{urlencode(options)}"
+
+
+def _admin(settings: Any, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A connection of the URL's own role, for the hooks' own statements."""
+    return psycopg.Connection.connect(
+        settings.conninfo, password=settings.password, autocommit=autocommit
+    )
+
+
+def _with_user(url: LockURL, user: str) -> str:
+    """``url`` with another user and no password (the hooks' throwaway roles)."""
+    parts = urlsplit(url.raw)
+    _, _, hosts = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}@{hosts}"))
 
 
 def terminate(url: LockURL, pid: int) -> bool:

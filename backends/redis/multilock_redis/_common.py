@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import uuid
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from multilock.abc import LockInfo
 from multilock.backend import Capability, LockURL, new_token
@@ -228,6 +231,19 @@ def _tokens(batch: str, positions: Iterable[int]) -> list[str]:
     return [f"{batch}.{i:x}" for i in positions]
 
 
+_PAUSE_MS = 5000  # at most this long, should the hook's own UNPAUSE never come
+
+
+def _with(url: LockURL, *, query: str = "", userinfo: str | None = None) -> str:
+    """``url`` with ``query`` added and, when given, its userinfo replaced."""
+    parts = urlsplit(url.raw)
+    netloc = parts.netloc
+    if userinfo is not None:
+        netloc = f"{userinfo}@{netloc.rpartition('@')[2]}"
+    joined = "&".join(part for part in (parts.query, query) if part)
+    return urlunsplit(parts._replace(netloc=netloc, query=joined))
+
+
 class RedisHooks:
     """Conformance hooks of the Redis backend."""
 
@@ -242,6 +258,31 @@ class RedisHooks:
             client.delete(lease.key)  # type: ignore[attr-defined]
         finally:
             close_admin(client)
+
+    @contextlib.contextmanager
+    def degraded(self, url: LockURL, state: str) -> Iterator[str | None]:
+        """On a plain ``redis://`` server: ``busy`` pauses its writes (``CLIENT PAUSE
+        WRITE``; the acquire script waits past a short ``socket_timeout``), ``refusing``
+        names a disabled ACL user (the server refuses the login); both undone at the
+        end. ``read-only`` (a replica) and the cluster and Sentinel topologies: none."""
+        if url.scheme != "redis" or state not in ("busy", "refusing"):
+            yield None
+            return
+        client = admin_client(parse_config(url))
+        user = f"multilock-refused-{uuid.uuid4().hex[:12]}"
+        try:
+            if state == "busy":
+                client.client_pause(_PAUSE_MS, all=False)  # writes only
+                yield _with(url, query="socket_timeout=0.5s")
+            else:
+                client.acl_setuser(user, enabled=False)
+                yield _with(url, userinfo=f"{user}:refused")
+        finally:
+            try:
+                client.client_unpause()
+                client.acl_deluser(user)
+            finally:
+                close_admin(client)
 
     def unreachable_url(self, url: LockURL) -> str | None:
         """A URL of the same topology naming a local port nobody listens on (refused

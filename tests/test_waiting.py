@@ -56,9 +56,11 @@ def test_memory_watch_wakes_on_release(memory_url: str) -> None:
         assert lease is not None
         with waiter._watch_released("woken") as watch:  # type: ignore[attr-defined]
             assert watch.wakes
-            threading.Timer(0.1, lease.release).start()
+            releasing = threading.Timer(0.1, lease.release)
+            releasing.start()
             start = time.monotonic()
             watch.wait(30)
+            releasing.join()  # its reply read before the holder closes
             assert time.monotonic() - start < 10, "the watch slept its whole wait"
 
 
@@ -69,8 +71,10 @@ def test_memory_async_watch_wakes_on_release_from_another_thread(memory_url: str
                 lease = holder.try_acquire("woken-async")
                 assert lease is not None
                 async with waiter._watch_released("woken-async") as watch:  # type: ignore[attr-defined]
-                    threading.Timer(0.1, lease.release).start()
+                    releasing = threading.Timer(0.1, lease.release)
+                    releasing.start()
                     await asyncio.wait_for(watch.wait(30), 10)
+                    releasing.join()  # its reply read before the holder closes
                 got = await waiter.acquire("woken-async", timeout=5)
                 await got.release()
 

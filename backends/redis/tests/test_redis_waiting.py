@@ -26,9 +26,11 @@ def test_release_wakes_the_watch(redis_url: str, name: str) -> None:
             watch.wait(30)  # the first wait subscribes, and returns at once
             assert time.monotonic() - start < 10
             assert watch.wakes
-            threading.Timer(0.2, lease.release).start()
+            releasing = threading.Timer(0.2, lease.release)
+            releasing.start()
             start = time.monotonic()
             watch.wait(30)
+            releasing.join()  # its reply read before the holder closes
             assert time.monotonic() - start < 10, "the watch slept its whole wait"
 
 
@@ -41,8 +43,10 @@ def test_async_release_wakes_the_watch(redis_url: str, name: str) -> None:
                 async with waiter._watch_released(name) as watch:  # type: ignore[attr-defined]
                     await asyncio.wait_for(watch.wait(30), 10)  # subscribes, returns at once
                     assert watch.wakes
-                    threading.Timer(0.2, lease.release).start()
+                    releasing = threading.Timer(0.2, lease.release)
+                    releasing.start()
                     await asyncio.wait_for(watch.wait(30), 10)
+                    releasing.join()  # its reply read before the holder closes
 
     asyncio.run(scenario())
 

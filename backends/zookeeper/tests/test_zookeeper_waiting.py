@@ -27,9 +27,11 @@ def test_release_wakes_the_watch(zookeeper_url: str) -> None:
         assert lease is not None
         assert waiter.try_acquire(name) is None  # connected, and the node is there
         with waiter._watch_released(name) as watch:
-            threading.Timer(0.3, lease.release).start()
+            releasing = threading.Timer(0.3, lease.release)
+            releasing.start()
             start = time.monotonic()
             watch.wait(30)
+            releasing.join()  # its reply read before the holder closes
             assert time.monotonic() - start < 10, "the watch slept its whole wait"
 
 
@@ -57,8 +59,10 @@ def test_async_release_wakes_the_watch(zookeeper_url: str) -> None:
                 assert lease is not None
                 assert await waiter.try_acquire(name) is None
                 async with waiter._watch_released(name) as watch:  # type: ignore[attr-defined]
-                    threading.Timer(0.3, lease.release).start()
+                    releasing = threading.Timer(0.3, lease.release)
+                    releasing.start()
                     await asyncio.wait_for(watch.wait(30), 10)
+                    releasing.join()  # its reply read before the holder closes
 
     asyncio.run(scenario())
 

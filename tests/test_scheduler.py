@@ -819,3 +819,58 @@ def test_skipped_held_is_logged_at_debug(caplog: pytest.LogCaptureFixture) -> No
     assert {r.levelno for r in skipped} == {logging.DEBUG}
     assert {r.replica_id for r in skipped} == {"r1"}  # type: ignore[attr-defined]
     assert [r.fire_time for r in skipped] == [at(1).isoformat(), at(2).isoformat()]  # type: ignore[attr-defined]
+
+
+# --- run_now: one run outside the schedule, under the job's lock ------------------------
+
+
+def test_run_now_runs_once_under_the_lock_and_says_how_it_went() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    seen: list[tuple[datetime, int | None]] = []
+
+    async def job() -> None:
+        run = current_run()
+        seen.append((run.fire_time, run.fencing_token))
+
+    async def failing() -> None:
+        raise RuntimeError("boom")
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(job, every(hours=1), name="hourly")
+        sched.add_job(failing, every(hours=1), name="failing")
+        async with sched:
+            assert await sched.run_now("hourly") is EventKind.SUCCEEDED
+            assert await sched.run_now("failing") is EventKind.FAILED
+            other = multilock.connect_async(url)
+            async with other:
+                held = await other.try_acquire("elsewhere")
+                assert held is not None
+                sched.add_job(job, every(hours=1), name="elsewhere")
+                assert await sched.run_now("elsewhere") is EventKind.SKIPPED_HELD
+            with pytest.raises(KeyError, match="no job named 'nope'"):
+                await sched.run_now("nope")
+
+    asyncio.run(scenario())
+    assert seen == [(at(1), seen[0][1])]  # the call's moment by the scheduler's clock
+    assert [e.job for e in events.of(EventKind.STARTED)] == ["hourly", "failing"]
+
+
+def test_run_now_of_a_running_job_is_an_overlap_and_a_stop_ends_the_wait() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    record: list[str] = []
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events, stop_timeout=0.1)
+        sched.add_job(blocked, every(hours=1), name="long", args=(record,))
+        await sched.start()
+        first = asyncio.ensure_future(sched.run_now("long"))
+        await until(lambda: bool(events.of(EventKind.STARTED)), "the first run starts")
+        assert await sched.run_now("long") is EventKind.SKIPPED_OVERLAP
+        await sched.stop()
+        (outcome,) = await asyncio.gather(first, return_exceptions=True)
+        assert isinstance(outcome, RuntimeError), outcome  # its run was cancelled by stop()
+        assert "the scheduler stopped before the run ended" in str(outcome)
+
+    asyncio.run(scenario())
+    assert record == ["cancelled"]

@@ -50,6 +50,8 @@ __all__ = ["Scheduler"]
 
 FuncT = TypeVar("FuncT", bound=Callable[..., Any])
 Coordination = Literal["lock", "leader"]
+# What ends a run_now() run; not an overlap: that is another call's answer, said at once.
+_OUTCOMES = frozenset(EventKind) - {EventKind.STARTED, EventKind.SKIPPED_OVERLAP}
 _MAX_CATCH_UP = 1000  # ticks walked one by one after a pause; beyond, they are skipped in bulk
 _HOLD_GRID = 20  # lease holds end on 1/20 s boundaries (rounded up): see _hold_until
 PROBE_NAME = "multilock-probe"
@@ -214,6 +216,7 @@ class Scheduler(Service):
             raise ConfigurationError(f"max_workers must be a positive int, not {max_workers!r}")
         self.max_workers = max_workers
         self._listeners: list[Listener] = []
+        self._manual: set[asyncio.Future[EventKind]] = set()  # run_now() calls waiting
         self._recorder: Recorder | None = metrics_listener(registry) if metrics else None
         if self._recorder is not None:
             self._listeners.append(self._recorder)
@@ -317,6 +320,44 @@ class Scheduler(Service):
         """The registered jobs."""
         return [state.job for state in list(self._states.values())]
 
+    async def run_now(self, name: str) -> EventKind:
+        """Run job ``name`` once now, outside its schedule, as one of its ticks would run:
+        under its lock (or the leadership, in leader mode), so that a replica holding
+        the job skips it; return the outcome (``SUCCEEDED``, ``FAILED``, ``TIMED_OUT``,
+        ``LEASE_LOST``, ``SKIPPED_HELD``...) once the run has ended.
+
+        The run's ``fire_time`` is the moment of the call, by the scheduler's clock; it
+        holds the job's lease for the usual hold after that moment. A run of the job
+        still going in this process: ``SKIPPED_OVERLAP`` at once. The scheduler must be
+        running; raises ``KeyError`` for a job it does not have, and ``RuntimeError``
+        when the scheduler stops before the run has ended.
+        """
+        state = self._states.get(name)
+        if state is None:
+            raise KeyError(f"no job named {name!r}")
+        if self._loop is None or self._stopping:
+            raise RuntimeError("run_now() needs a running scheduler (start() it first)")
+        fire = self._now()
+        if not state.ready:
+            self._emit(EventKind.SKIPPED_OVERLAP, state.job, fire, reason="run_now: still running")
+            return EventKind.SKIPPED_OVERLAP
+        ended: asyncio.Future[EventKind] = asyncio.get_running_loop().create_future()
+
+        def outcome(event: JobEvent) -> None:
+            mine = event.job == name and event.fire_time == fire
+            if mine and event.kind in _OUTCOMES and not ended.done():
+                ended.set_result(event.kind)
+
+        self._listeners.append(outcome)
+        self._manual.add(ended)
+        try:
+            state.claim()
+            self._start_batch([RunLifecycle(state.job, fire, state)])
+            return await ended
+        finally:
+            self._listeners.remove(outcome)
+            self._manual.discard(ended)
+
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(event)`` with every :class:`~multilock.JobEvent`."""
         self._listeners.append(listener)
@@ -404,6 +445,9 @@ class Scheduler(Service):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool, self._workers_busy = None, 0
         await self._reset_locker()
+        for ended in self._manual:  # abandoned by the stop: no outcome will come
+            if not ended.done():
+                ended.set_exception(RuntimeError("the scheduler stopped before the run ended"))
         self._loop = None
         self._reachable = (False, "the scheduler has stopped")
         log.info("scheduler stopped", extra={"replica_id": self.replica_id})

@@ -33,8 +33,9 @@ CAUSE = "shares server sessions between clients"
 
 @pytest.fixture(scope="module")
 def session_pool(pgbouncer: Callable[..., str]) -> str:
-    """The test database through PgBouncer in session mode."""
-    return pgbouncer(pool_mode="session")
+    """The test database through PgBouncer in session mode: a server connection for
+    each client session (the suite's 20 waiters on one name and their holder)."""
+    return pgbouncer(pool_mode="session", default_pool_size=60)
 
 
 class TestPgBouncerSessionConformance(ConformanceTests):

@@ -14,7 +14,7 @@ from typing import Any
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, AsyncReleaseWatch, LockURL
 
 from .._common import RedisLockerCommon
-from .._config import AsyncClient
+from .._config import SENTINEL, AsyncClient
 from .._errors import REDIS_ERRORS, translate
 from .._keys import lock_key
 from .._pubsub import async_close_pubsub
@@ -201,8 +201,10 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         return self._extended(lease, answers[0], ttl, start)
 
     def _watch_released(self, name: str) -> AsyncReleaseWatch:
-        if not isinstance(self._link, AsyncLink):
-            return AsyncReleaseWatch()  # a cluster's waiters poll (see RELEASE)
+        # A cluster's waiters poll (see RELEASE); so do Sentinel's: closing a pub/sub
+        # connection of its managed pool took seconds a wait.
+        if not isinstance(self._link, AsyncLink) or self._config.topology == SENTINEL:
+            return AsyncReleaseWatch()
         return AsyncRedisWatch(self._link.client, lock_key(name, self.prefix))
 
     async def _close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from multilock.backend import LeaseBase, LockerBase, LockURL, ReleaseWatch
 
 from .._common import RedisLockerCommon
-from .._config import SyncClient
+from .._config import SENTINEL, SyncClient
 from .._errors import REDIS_ERRORS, translate
 from .._keys import lock_key
 from .._pubsub import sync_close_pubsub
@@ -199,8 +199,10 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         return self._extended(lease, answers[0], ttl, start)
 
     def _watch_released(self, name: str) -> ReleaseWatch:
-        if not isinstance(self._link, SyncLink):
-            return ReleaseWatch()  # a cluster's waiters poll (see RELEASE)
+        # A cluster's waiters poll (see RELEASE); so do Sentinel's: closing a pub/sub
+        # connection of its managed pool took seconds a wait.
+        if not isinstance(self._link, SyncLink) or self._config.topology == SENTINEL:
+            return ReleaseWatch()
         return RedisWatch(self._link.client, lock_key(name, self.prefix))
 
     def _close(self) -> None:

@@ -18,7 +18,8 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -103,15 +104,8 @@ def _sleep_until(when: float) -> None:
 APSCHEDULER_JOBS = 5
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["postgres", "redis"])
-def test_apscheduler_replicas_run_each_fire_time_once(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path, faketime: FakeTime
-) -> None:
-    """Three APScheduler processes, clocks -0.3, 0, +0.3 s off, five cron jobs every 3 s,
-    for 6 fire times: each (job, fire time) ran on exactly one replica."""
+def _apscheduler_fleet(url: str, tmp_path: Path, faketime: FakeTime) -> None:
     pytest.importorskip("apscheduler")
-    url: str = request.getfixturevalue(f"{backend}_url")
     prefix, record = f"aps-{uuid.uuid4().hex[:8]}", tmp_path / "runs"
     replicas = Replicas(tmp_path)
     try:
@@ -141,20 +135,8 @@ CELERY_START = 12.0  # seconds for three beats and a worker to start on a loaded
 DRAIN_TIMEOUT = 30.0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["postgres", "redis"])
-def test_celery_beat_replicas_send_each_tick_once(
-    backend: str,
-    request: pytest.FixtureRequest,
-    redis_url: str,
-    tmp_path: Path,
-    faketime: FakeTime,
-) -> None:
-    """Three ``celery beat`` processes, clocks -0.3, 0, +0.3 s off, on
-    ``multilock.integrations.celery:Scheduler``, four entries every 3 s, and one worker:
-    each (entry, tick) ran exactly once over 6 ticks, as the tasks record it."""
+def _celery_fleet(url: str, redis_url: str, tmp_path: Path, faketime: FakeTime) -> None:
     pytest.importorskip("celery")
-    url: str = request.getfixturevalue(f"{backend}_url")
     prefix, record = f"beat-{uuid.uuid4().hex[:8]}", tmp_path / "runs"
     env = {
         "CELERY_TEST_BROKER": redis_url,
@@ -200,6 +182,58 @@ def test_celery_beat_replicas_send_each_tick_once(
     assert codes == [0] * 4, logs
     lines = record.read_text().splitlines() if record.exists() else []
     check_records(lines, expected, logs)
+
+
+FLEETS_AT_ONCE = 2  # all four at once: eight celery processes starting on two cores
+
+
+@pytest.fixture(scope="module")
+def fleets(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, faketime: FakeTime
+) -> Iterator[dict[tuple[str, str], Future[None]]]:
+    """The four multi-process runs (APScheduler and Celery beat, on PostgreSQL and
+    Redis), two at a time: each mostly waits for its ticks."""
+    runs: dict[tuple[str, str], Future[None]] = {}
+    with ThreadPoolExecutor(FLEETS_AT_ONCE) as pool:
+        for backend in ("postgres", "redis"):
+            for kind in ("apscheduler", "celery"):
+                try:  # the URL fixtures skip (or, when servers are required, fail) here
+                    url: str = request.getfixturevalue(f"{backend}_url")
+                    broker: str = request.getfixturevalue("redis_url")
+                except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+                    failed: Future[None] = Future()
+                    failed.set_exception(exc)
+                    runs[(kind, backend)] = failed
+                    continue
+                workdir = tmp_path_factory.mktemp(f"{kind}-{backend}")
+                if kind == "apscheduler":
+                    runs[(kind, backend)] = pool.submit(_apscheduler_fleet, url, workdir, faketime)
+                else:
+                    runs[(kind, backend)] = pool.submit(
+                        _celery_fleet, url, broker, workdir, faketime
+                    )
+        yield runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+def test_apscheduler_replicas_run_each_fire_time_once(
+    backend: str, fleets: dict[tuple[str, str], Future[None]]
+) -> None:
+    """Three APScheduler processes, clocks -0.3, 0, +0.3 s off, five cron jobs every 3 s,
+    for 6 fire times: each (job, fire time) ran on exactly one replica."""
+    fleets[("apscheduler", backend)].result()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+def test_celery_beat_replicas_send_each_tick_once(
+    backend: str, fleets: dict[tuple[str, str], Future[None]]
+) -> None:
+    """Three ``celery beat`` processes, clocks -0.3, 0, +0.3 s off, on
+    ``multilock.integrations.celery:Scheduler``, four entries every 3 s, and one worker:
+    each (entry, tick) ran exactly once over 6 ticks, as the tasks record it."""
+    fleets[("celery", backend)].result()
 
 
 def test_apscheduler_refuses_a_job_with_a_generated_id(memory_url: str) -> None:

@@ -322,7 +322,7 @@ def test_the_cli_runs_without_test_packages(args: list[str]) -> None:
 
 def test_conformance_without_pytest_says_what_to_install() -> None:
     line = one_line_error(ml_without_test_packages("conformance", "memory://"), 2)
-    assert "needs pytest: pip install 'pytest>=8'" in line
+    assert "needs pytest: pip install 'multilock[conformance]'" in line
 
 
 # --- every failure is one line --------------------------------------------------------------

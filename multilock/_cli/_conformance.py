@@ -57,7 +57,10 @@ def conformance(urls: tuple[str, ...], keyword: str | None, exitfirst: bool, ver
     try:
         import pytest
     except ImportError:
-        fail("multilock conformance needs pytest: pip install 'pytest>=8'", EXIT_BAD_INPUT)
+        fail(
+            "multilock conformance needs pytest: pip install 'multilock[conformance]'",
+            EXIT_BAD_INPUT,
+        )
     _check_urls(urls)
     results = _Results()
     with tempfile.TemporaryDirectory(prefix="multilock-conformance-") as tmp:

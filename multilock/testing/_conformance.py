@@ -201,7 +201,7 @@ def _model_check() -> Callable[[Harness], Awaitable[None]]:
             raise
         pytest.fail(
             "the model check needs hypothesis, which multilock does not install:"
-            " pip install 'hypothesis>=6'",
+            " pip install 'multilock[conformance]'",
             pytrace=False,
         )
     return model_checked_history

@@ -856,6 +856,22 @@ def test_run_now_runs_once_under_the_lock_and_says_how_it_went() -> None:
     assert [e.job for e in events.of(EventKind.STARTED)] == ["hourly", "failing"]
 
 
+def test_run_now_right_after_a_tick_runs_under_the_lease_the_tick_still_holds() -> None:
+    url, clock, events = namespace(), manual(), Events()
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(nothing, every(seconds=10), name="job")
+        async with sched:
+            clock.set(T0 + 10)
+            await until(lambda: bool(events.of(EventKind.SUCCEEDED)), "the tick ran")
+            assert held_names(url) == ["job"]  # its hold lasts past the run
+            assert await sched.run_now("job") is EventKind.SUCCEEDED
+
+    asyncio.run(scenario())
+    assert [e.fire_time for e in events.of(EventKind.SUCCEEDED)] == [at(10), at(10)]
+
+
 def test_run_now_of_a_running_job_is_an_overlap_and_a_stop_ends_the_wait() -> None:
     url, clock, events = namespace(), manual(), Events()
     record: list[str] = []

@@ -351,8 +351,10 @@ class Scheduler(Service):
         self._listeners.append(outcome)
         self._manual.add(ended)
         try:
-            state.claim()
-            self._start_batch([RunLifecycle(state.job, fire, state)])
+            due = RunLifecycle(state.job, fire, state)
+            if not self._continue_hold(due):  # still holding the last tick's lease: under it
+                state.claim()
+                self._start_batch([due])
             return await ended
         finally:
             self._listeners.remove(outcome)

@@ -260,6 +260,7 @@ def test_jobs_lists_the_jobs_with_their_next_fire_times(app: Path) -> None:
 def test_jobs_shows_the_last_outcome_a_running_replica_saw(app: Path) -> None:
     port = _free_port()
     with serving(app, "--health-port", str(port)):
+        assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200  # serving by now
 
         def last() -> dict[str, object] | None:
             done = jobs(app, "--replica", f"127.0.0.1:{port}", "--json")

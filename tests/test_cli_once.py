@@ -296,11 +296,10 @@ class Crontab:
         self.ticks = range(first, first + TICKS * EVERY, EVERY)
         self.outcomes: list[tuple[int, str]] = []  # (exit code, stderr) of each start
 
-    def launches_keyed(self) -> list[tuple[float, int, Crontab, int]]:
-        """(true time, a tie-breaker, crontab, host): a host's cron fires when its own
-        clock says."""
+    def launches(self) -> list[tuple[float, Crontab, int]]:
+        """(true time, crontab, host): a host's cron fires when its own clock says."""
         return [
-            (tick - offset + delay + random.uniform(0, 0.2), id(self) + host, self, host)
+            (tick - offset + delay + random.uniform(0, 0.2), self, host)
             for tick in self.ticks
             for host, (offset, delay) in enumerate(self.hosts)
         ]
@@ -344,14 +343,17 @@ def crontabs(
             continue
         made[backend] = Crontab(url, tmp_path_factory.mktemp(f"once-{backend}"), first, faketime)
     crontabs = [crontab for crontab in made.values() if isinstance(crontab, Crontab)]
-    launches = sorted(launch for crontab in crontabs for launch in crontab.launches_keyed())
+    launches = sorted(
+        (launch for crontab in crontabs for launch in crontab.launches()),
+        key=lambda launch: launch[0],
+    )
 
     def launch(when: float, crontab: Crontab, host: int) -> None:
         _sleep_until(when)
         crontab.outcomes.append(crontab.start(host))
 
     with ThreadPoolExecutor(max(1, len(launches))) as pool:
-        for future in [pool.submit(launch, when, made_, host) for when, _, made_, host in launches]:
+        for future in [pool.submit(launch, when, made_, host) for when, made_, host in launches]:
             future.result()
     return made
 

@@ -10,19 +10,7 @@ from .._masking import mask_text
 from .._scheduling.events import EventKind, JobEvent
 from .._scheduling.scheduler import Scheduler
 
-__all__ = ["RANK", "LastOutcomes", "job_rows"]
-
-# Which outcome of one tick tells the most, when replicas saw it differently: the run
-# itself (on the replica that ran it), then a miss, then a skip (another replica ran it).
-RANK: dict[str, int] = {
-    EventKind.SUCCEEDED: 3,
-    EventKind.FAILED: 3,
-    EventKind.TIMED_OUT: 3,
-    EventKind.LEASE_LOST: 3,
-    EventKind.MISSED: 2,
-    EventKind.SKIPPED_OVERLAP: 1,
-    EventKind.SKIPPED_HELD: 0,
-}
+__all__ = ["LastOutcomes", "job_rows"]
 
 
 class LastOutcomes:

@@ -15,15 +15,27 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .._scheduling.events import EventKind
 from ..errors import ConfigurationError
 from ._app import EXIT_FAILURE, cli, fail, handle_errors
-from ._job_view import RANK, job_rows
+from ._job_view import job_rows
 from ._locks import printable
 from ._run import load_scheduler
 
 __all__ = ["jobs"]
 
 _FETCH_TIMEOUT = 5.0  # seconds a replica has to answer /jobs
+# Which outcome of one tick tells the most, when replicas saw it differently: the run
+# itself (on the replica that ran it), then a miss, then a skip (another replica ran it).
+_RANK: dict[str, int] = {
+    EventKind.SUCCEEDED: 3,
+    EventKind.FAILED: 3,
+    EventKind.TIMED_OUT: 3,
+    EventKind.LEASE_LOST: 3,
+    EventKind.MISSED: 2,
+    EventKind.SKIPPED_OVERLAP: 1,
+    EventKind.SKIPPED_HELD: 0,
+}
 
 
 def _fetch(replica: str) -> list[dict[str, Any]]:
@@ -57,7 +69,7 @@ def _better(candidate: dict[str, Any], current: dict[str, Any] | None) -> bool:
         return True
 
     def key(last: dict[str, Any]) -> tuple[str, int]:
-        return str(last.get("fire_time", "")), RANK.get(str(last.get("outcome")), -1)
+        return str(last.get("fire_time", "")), _RANK.get(str(last.get("outcome")), -1)
 
     return key(candidate) > key(current)
 

@@ -13,7 +13,7 @@ import psycopg
 from multilock.backend import LockURL
 
 from ._async.locker import AsyncPostgresLocker
-from ._config import parse_settings
+from ._config import Settings, parse_settings
 from ._errors import driver_error
 from ._sync.locker import PostgresLocker
 
@@ -89,7 +89,7 @@ class _PostgresHooks:
         return f"{url.scheme}://{userinfo}{host}:{_CLOSED_PORT}{path}?{urlencode(options)}"
 
 
-def _admin(settings: Any, autocommit: bool = True) -> psycopg.Connection[Any]:
+def _admin(settings: Settings, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A connection of the URL's own role, for the hooks' own statements."""
     return psycopg.Connection.connect(
         settings.conninfo, password=settings.password, autocommit=autocommit

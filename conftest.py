@@ -2,7 +2,8 @@
 
 The TLS tests of each backend start their servers with certificates that
 ``scripts/test-ca`` makes once per session. This file is the repository's, as that
-script is: the distributions' own conftest files hold what only they use.
+script is: the distributions' own conftest files hold what only they use, and the
+servers every distribution's tests start are in :mod:`multilock.testing._servers`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from multilock.testing import require_backends
+from multilock.testing._servers import unavailable
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -24,8 +25,5 @@ def test_ca(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     try:
         subprocess.run([SCRIPTS / "test-ca", directory], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError) as exc:
-        message = f"cannot make the test CA with scripts/test-ca: {exc}"
-        if require_backends(request.config):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(request.config, f"cannot make the test CA with scripts/test-ca: {exc}")
     return directory

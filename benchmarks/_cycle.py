@@ -3,8 +3,8 @@
 A benchmark script (run as ``python benchmarks/<name>.py``, which puts this folder
 on ``sys.path``) builds its variants -- zero-argument callables, or coroutine
 functions for the async API -- and hands them to :func:`interleave` or
-:func:`interleave_async`, which time every cycle in rounds of shuffled order, so
-that drift in the machine's load lands on all variants alike.
+:func:`interleave_async`, which time every cycle, the variants interleaved call by
+call (ABBA), so that drift in the machine's load lands on all variants alike.
 """
 
 from __future__ import annotations
@@ -12,26 +12,32 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import platform
 import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
 from typing import Any
 
 import multilock
 from multilock.backend import mask_url
 
 __all__ = [
+    "BOTH_APIS_ASYNC",
     "OURS",
     "RAW",
     "TARGETS",
     "AsyncCycle",
     "SyncCycle",
     "Table",
+    "driver_versions",
     "interleave",
     "interleave_async",
+    "machine_info",
     "main",
     "optional",
     "p99",
@@ -47,7 +53,13 @@ Samples = dict[str, list[float]]
 WARM_UP = 50
 ROUND_BUDGET = 0.5  # seconds a variant may spend in one round
 OURS, RAW = "multilock", "raw"
-TARGETS = {"sync": 1.10, "async": 1.30}  # multilock's median over raw's, at most
+TARGETS = {"sync": 1.05, "async": 1.15}  # issue 23 (issue 22 asked 1.10 sync)
+# The Redis and ZooKeeper backends promised the sync target of their time on both
+# APIs (issues 4 and 5): their async cycle is held to it, stricter than issue 23's.
+BOTH_APIS_ASYNC = 1.10
+# What a cycle is timed with: wall time, or with --cpu the process's CPU time (every
+# thread's), which the machine's other load does not inflate: the client's own cost.
+CLOCK = [time.perf_counter_ns]  # multilock's median over raw's, at most
 _SERVERS = {
     "postgresql": ("MULTILOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     "redis": ("MULTILOCK_REDIS_URL", "redis://127.0.0.1:6379/15"),
@@ -77,56 +89,70 @@ def reachable(url: str) -> bool:
     return True
 
 
-def interleave(variants: Mapping[str, SyncCycle], rounds: int, per_round: int) -> Samples:
-    """Microseconds per cycle of each variant, after a warm-up of each.
+class _Plan:
+    """The order of the timed calls: call by call, variants in ABBA order.
 
-    A variant stops its round early once it has used :data:`ROUND_BUDGET`: a peer
-    thirty times slower than the rest would otherwise take most of the run.
+    Each round starts from a shuffled order and runs one call of every variant, then
+    the same variants backwards (A B C, C B A, A B C...), so that drift in the
+    machine's load and the cache state one call leaves behind land on every variant
+    alike; a variant that has used :data:`ROUND_BUDGET` in a round sits the rest of
+    it out (a peer thirty times slower would otherwise take most of the run).
     """
-    clock = time.perf_counter_ns
-    budget = ROUND_BUDGET * 1e9
-    samples: Samples = {name: [] for name in variants}
+
+    def __init__(self, names: Collection[str], rounds: int, per_round: int) -> None:
+        self.names, self.rounds, self.per_round = list(names), rounds, per_round
+        self.samples: Samples = {name: [] for name in self.names}
+        self._spent: dict[str, int] = {}
+
+    def calls(self) -> Iterator[str]:
+        """The variant to time next, round after round."""
+        budget = ROUND_BUDGET * 1e9
+        for _ in range(self.rounds):
+            random.shuffle(self.names)
+            self._spent = dict.fromkeys(self.names, 0)
+            for index in range(self.per_round):
+                order = self.names if index % 2 == 0 else reversed(self.names)
+                for name in order:
+                    if self._spent[name] <= budget:
+                        yield name
+
+    def took(self, name: str, nanoseconds: int) -> None:
+        """Record one timed call of ``name``."""
+        self._spent[name] += nanoseconds
+        self.samples[name].append(nanoseconds / 1000.0)
+
+
+def interleave(variants: Mapping[str, SyncCycle], rounds: int, per_round: int) -> Samples:
+    """Microseconds per cycle of each variant, after a warm-up of each, timed call by
+    call in the order of :class:`_Plan`."""
+    clock = CLOCK[0]
     for cycle in variants.values():
         for _ in range(WARM_UP):
             cycle()
-    order = list(variants)
-    for _ in range(rounds):
-        random.shuffle(order)
-        for name in order:
-            cycle, out = variants[name], samples[name]
-            began = clock()
-            for _ in range(per_round):
-                start = clock()
-                cycle()
-                out.append((clock() - start) / 1000.0)
-                if start - began > budget:
-                    break
-    return samples
+    plan = _Plan(variants, rounds, per_round)
+    for name in plan.calls():
+        cycle = variants[name]
+        start = clock()
+        cycle()
+        plan.took(name, clock() - start)
+    return plan.samples
 
 
 async def interleave_async(
     variants: Mapping[str, AsyncCycle], rounds: int, per_round: int
 ) -> Samples:
     """:func:`interleave` for coroutine functions, awaited on the running loop."""
-    clock = time.perf_counter_ns
-    budget = ROUND_BUDGET * 1e9
-    samples: Samples = {name: [] for name in variants}
+    clock = CLOCK[0]
     for cycle in variants.values():
         for _ in range(WARM_UP):
             await cycle()
-    order = list(variants)
-    for _ in range(rounds):
-        random.shuffle(order)
-        for name in order:
-            cycle, out = variants[name], samples[name]
-            began = clock()
-            for _ in range(per_round):
-                start = clock()
-                await cycle()
-                out.append((clock() - start) / 1000.0)
-                if start - began > budget:
-                    break
-    return samples
+    plan = _Plan(variants, rounds, per_round)
+    for name in plan.calls():
+        cycle = variants[name]
+        start = clock()
+        await cycle()
+        plan.took(name, clock() - start)
+    return plan.samples
 
 
 def p99(values: list[float]) -> float:
@@ -238,6 +264,42 @@ def report(
     return table
 
 
+_DRIVERS = ("psycopg", "redis", "kazoo", "PyMySQL", "aiomysql", "h11", "nats-py", "APScheduler")
+
+
+def driver_versions() -> str:
+    """The installed versions of the clients and peers the figures depend on."""
+    found = []
+    for name in _DRIVERS:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(found)
+
+
+def machine_info() -> dict[str, str]:
+    """The host as the document describes it (no host name, no paths)."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")),
+                model,
+            )
+    except OSError:
+        pass
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": f"{model}, {os.cpu_count()} logical CPUs (shared with other work)",
+        "os": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "load average at start": load,
+        "drivers": driver_versions(),
+    }
+
+
 def main(
     doc: str,
     url: str,
@@ -254,12 +316,20 @@ def main(
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--rounds", type=int, help="rounds of interleaved variants")
     parser.add_argument("--per-round", type=int, help="cycles per variant per round")
+    parser.add_argument(
+        "--cpu", action="store_true", help="time the process's CPU, not the wall clock"
+    )
     args = parser.parse_args()
+    if args.cpu:
+        CLOCK[0] = time.process_time_ns
     default_rounds, default_per_round = quick if args.quick else full
     rounds = args.rounds or default_rounds
     per_round = args.per_round or default_per_round
     print(f"cycle benchmark against {mask_url(url)}")
-    print(f"{rounds} rounds x {per_round} cycles per variant, variants interleaved")
+    print(f"{platform.python_implementation()} {platform.python_version()}; {driver_versions()}")
+    print(f"{rounds} rounds x {per_round} cycles per variant, interleaved call by call (ABBA)")
+    if args.cpu:
+        print("timed in CPU microseconds of this process (all its threads), not wall time")
     try:
         run(url, rounds, per_round)
     except multilock.errors.BackendUnavailable as exc:

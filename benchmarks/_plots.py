@@ -63,9 +63,15 @@ def _many(results: Results, path: Path) -> None:
         rows = [row for row in results.many if row.backend == backend]
         sizes = [row.n for row in rows]
         ax.loglog(sizes, [r.ours_ms for r in rows], "o-", color=_OURS_COLOUR, label="multilock")
+        in_a_row = [r for r in rows if r.raw_ms == r.raw_ms]  # not NaN: measured
         ax.loglog(
-            sizes, [r.raw_ms for r in rows], "s--", color=_OTHER_COLOUR, label="raw, in a row"
+            [r.n for r in in_a_row],
+            [r.raw_ms for r in in_a_row],
+            "s--",
+            color=_OTHER_COLOUR,
+            label="raw, in a row",
         )
+        ax.loglog(sizes, [r.batch_ms for r in rows], "^:", color="tab:gray", label="raw, one batch")
         ax.axhline(10 * rows[0].rtt_ms, color="tab:red", linestyle=":", label="10 round trips")
         ax.set_title(f"{backend}: time to take N locks", fontsize=10)
         ax.set_xlabel("N")

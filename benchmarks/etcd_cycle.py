@@ -21,7 +21,7 @@ Variants, each timed per cycle (acquire, then release) on its own connection:
   to the raw pattern run the same way. Peers that are not installed are left out
   (``pip install 'multilock-etcd[bench]'``).
 
-Rounds interleave the variants in a shuffled order, so that drift in the machine's
+Rounds interleave the variants call by call (ABBA), so that drift in the machine's
 load lands on all of them alike. Reported: median and p99 per cycle, each median
 relative to raw, and whether multilock meets its targets (sync at most 1.10x raw,
 async 1.30x; faster than every peer). The server comes from ``MULTILOCK_ETCD_URL``
@@ -68,6 +68,9 @@ from multilock_etcd._config import EtcdConfig
 QUICK, FULL = (2, 40), (40, 40)  # (rounds, cycles per round): short rounds interleave better
 NAME = f"multilock-benchmark-cycle-{uuid.uuid4().hex[:8]}"
 TTL = 30
+# The raw pattern's one etcd lease is never kept alive: granted for longer than a run
+# takes on a slow machine (a full run can pass 30 s), so its puts do not fail midway.
+RAW_TTL = 3600
 FLOOR = "range"
 STDLIB = "http.client"
 
@@ -83,7 +86,7 @@ class RawPattern:
         self.key = _b64(key)
 
     def grant(self) -> bytes:
-        return json.dumps({"TTL": str(TTL)}).encode()
+        return json.dumps({"TTL": str(RAW_TTL)}).encode()
 
     def acquire(self, lease: str) -> bytes:
         token = _b64(uuid.uuid4().hex)

@@ -1,15 +1,19 @@
 """Many due jobs at one tick: ``try_acquire_many`` of N names against N raw calls in a row.
 
-    python benchmarks/many_locks.py           # N = 1, 10, 100, 1000 (about a minute)
+    python benchmarks/many_locks.py           # N = 1 to 10,000 (a few minutes)
     python benchmarks/many_locks.py --quick   # N = 1, 10, 100, a few seconds (CI)
     python benchmarks/many_locks.py --delay 0 # loopback only, no delaying proxy
+    python benchmarks/many_locks.py --sizes 1000,10000
 
 On PostgreSQL the raw pattern is N ``SELECT pg_try_advisory_lock(k)`` on one
 psycopg connection; on Redis, N ``SET key token NX PX ttl`` on one redis-py
-client. Only the acquisition is timed (releases are not). Each size is measured
-a few times, multilock and raw alternating, and the median kept; the figures
-are also given in round-trip times (``SELECT 1``, ``PING``), the target being
-1000 locks in under 10.
+client (up to 1,000 names); and the raw pattern in one batch, the floor of the
+client library itself: the keys as one ``bigint[]`` through ``unnest`` to
+``pg_try_advisory_lock``, or a redis-py pipeline of ``SET NX PX``. Only the
+acquisition is timed (releases are not). Each size is measured a few times, the
+variants alternating, and the median kept; the figures are also given in
+round-trip times (``SELECT 1``, ``PING``), the target being 1,000 and 10,000
+locks in under 10, and multilock's client CPU per name is reported.
 
 The names are the same N in every repetition, released in between, and both
 sides have seen them before the timing starts: a scheduler's due jobs recur
@@ -30,6 +34,7 @@ measured through the proxy too.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -49,9 +54,13 @@ from redis_cycle import TTL_MS, _client_url
 
 import multilock
 from multilock import advisory_key
+from multilock.abc import SupportsReleaseMany
 
 TARGET_RTTS = 10.0
-SIZES = (1, 10, 100, 1000)
+SIZES = (1, 10, 100, 1000, 10_000)
+IN_A_ROW_MAX = 1000
+"""The largest N for which the raw pattern one call at a time is measured: through
+the proxy, 10,000 calls in a row take seconds a repetition and tell nothing new."""
 QUICK_SIZES = (1, 10, 100)
 DELAY_MS = 0.25
 _DEFAULT_PORTS = {"postgresql": 5432, "redis": 6379}
@@ -60,7 +69,8 @@ _DEFAULT_PORTS = {"postgresql": 5432, "redis": 6379}
 @dataclass(frozen=True)
 class Row:
     """One size on one backend: median milliseconds (names seen before, and fresh
-    names for multilock), and the round-trip time."""
+    names for multilock; raw one call at a time, ``nan`` past :data:`IN_A_ROW_MAX`,
+    and raw in one batch), the round-trip time, and multilock's client CPU per name."""
 
     backend: str
     n: int
@@ -68,6 +78,8 @@ class Row:
     raw_ms: float
     rtt_ms: float
     fresh_ms: float
+    cpu_us_per_name: float
+    batch_ms: float
 
     @property
     def ours_rtts(self) -> float:
@@ -118,6 +130,22 @@ class _Raw:
             for key in keys:
                 self.redis.set(key, self.token, nx=True, px=TTL_MS)
 
+    def acquire_batch(self, keys: list[Any]) -> None:
+        """All ``keys`` in one round trip, as a user would write it: the keys as one
+        ``bigint[]`` through ``unnest`` to ``pg_try_advisory_lock``, or a pipeline of
+        ``SET NX PX`` (the floor the client library itself sets)."""
+        if self.pg is not None:
+            self.pg.execute(
+                "SELECT array_agg(k) FROM unnest(%s::bigint[]) AS k WHERE pg_try_advisory_lock(k)",
+                (keys,),
+            ).fetchone()
+        else:
+            assert self.redis is not None
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.set(key, self.token, nx=True, px=TTL_MS)
+            pipe.execute()
+
     def undo(self, keys: list[Any]) -> None:
         """Free what :meth:`acquire` took (not timed)."""
         if self.pg is not None:
@@ -142,31 +170,45 @@ class _Raw:
             self.redis.close()
 
 
-def _take(locker: multilock.DistributedLock, names: list[str]) -> float:
-    """Milliseconds for multilock to take ``names``, all of them, then released (not timed)."""
-    start = time.perf_counter()
+def _take(
+    locker: multilock.DistributedLock, names: list[str], cpu: list[float] | None = None
+) -> float:
+    """Milliseconds for multilock to take ``names``, all of them, then released (not
+    timed); the thread's CPU seconds of the taking appended to ``cpu``."""
+    start, started_cpu = time.perf_counter(), time.thread_time()
     leases = locker.try_acquire_many(names)
     elapsed = (time.perf_counter() - start) * 1000
+    if cpu is not None:
+        cpu.append(time.thread_time() - started_cpu)
     taken = [lease for lease in leases.values() if lease is not None]
     assert len(taken) == len(names), "some benchmark locks were held elsewhere"
-    for lease in taken:
-        lease.release()
+    if isinstance(locker, SupportsReleaseMany):
+        locker.release_many(taken)  # one round trip, not N
+    else:
+        for lease in taken:
+            lease.release()
     return elapsed
 
 
 def _size(
     locker: multilock.DistributedLock, raw: _Raw, n: int, repeats: int
-) -> tuple[float, float, float]:
-    """Median milliseconds to take ``n`` names: multilock's and raw's on the same names
-    each repetition, seen before; multilock's on fresh names."""
+) -> tuple[float, float, float, float, float]:
+    """Median milliseconds to take ``n`` names: multilock's, raw's one at a time and
+    raw's in one batch, on the same names each repetition, seen before; multilock's on
+    fresh names; multilock's median client CPU per seen name in microseconds."""
     names = [f"bench-many-{uuid.uuid4().hex[:8]}-{i}" for i in range(n)]
     keys = raw.keys(names)
     _take(locker, names)  # the locker sees the names (and caches their keys)
     ours: list[float] = []
     raws: list[float] = []
+    batches: list[float] = []
+    cpu: list[float] = []
     for _ in range(repeats):
-        ours.append(_take(locker, names))
-        raws.append(_ms(lambda: raw.acquire(keys)))
+        ours.append(_take(locker, names, cpu))
+        if n <= IN_A_ROW_MAX:
+            raws.append(_ms(lambda: raw.acquire(keys)))
+            raw.undo(keys)
+        batches.append(_ms(lambda: raw.acquire_batch(keys)))
         raw.undo(keys)
     # After the seen names, not between: fresh names would push them out of the
     # locker's bounded key cache.
@@ -174,7 +216,15 @@ def _size(
         _take(locker, [f"bench-fresh-{uuid.uuid4().hex[:8]}-{i}" for i in range(n)])
         for _ in range(repeats)
     ]
-    return statistics.median(ours), statistics.median(raws), statistics.median(fresh)
+    per_name = statistics.median(cpu) / n * 1e6
+    in_a_row = statistics.median(raws) if raws else math.nan
+    return (
+        statistics.median(ours),
+        in_a_row,
+        statistics.median(fresh),
+        per_name,
+        statistics.median(batches),
+    )
 
 
 def measure(urls: dict[str, str], sizes: tuple[int, ...], repeats: int) -> list[Row]:
@@ -187,14 +237,16 @@ def measure(urls: dict[str, str], sizes: tuple[int, ...], repeats: int) -> list[
             with multilock.connect(url) as locker:
                 _size(locker, raw, 1, 3)  # warm-up: first queries, prepared statements
                 for n in sizes:
-                    ours, raw_ms, fresh = _size(locker, raw, n, repeats)
-                    row = Row(backend, n, ours, raw_ms, rtt_ms=rtt, fresh_ms=fresh)
+                    ours, raw_ms, fresh, per_name, batch = _size(locker, raw, n, repeats)
+                    row = Row(backend, n, ours, raw_ms, rtt, fresh, per_name, batch)
                     rows.append(row)
                     print(
                         f"  {backend:<10} N={n:<5} multilock {row.ours_ms:8.2f} ms"
                         f" ({row.ours_rtts:6.1f} RTT, fresh {row.fresh_ms:8.2f})"
                         f"   raw {row.raw_ms:8.2f} ms ({row.raw_ms / rtt:7.1f} RTT)"
-                        f"   raw/multilock {row.raw_ms / row.ours_ms:6.1f}x",
+                        f"   raw/multilock {row.raw_ms / row.ours_ms:6.1f}x"
+                        f"   raw batch {row.batch_ms:8.2f} ms"
+                        f"   CPU {row.cpu_us_per_name:5.1f} µs/name",
                         flush=True,
                     )
             print(f"  {backend:<10} round trip {rtt * 1000:.0f} µs", flush=True)
@@ -230,9 +282,15 @@ def main() -> int:
         default=DELAY_MS,
         help=f"one-way delay (ms) of the second run, through a proxy; 0: none ({DELAY_MS})",
     )
+    parser.add_argument(
+        "--sizes", help="comma-separated numbers of names (default: 1,10,100,1000,10000)"
+    )
     args = parser.parse_args()
     urls = {backend: server_url(backend) for backend in ("postgresql", "redis")}
-    sizes, repeats = (QUICK_SIZES, 2) if args.quick else (SIZES, 5)
+    sizes: tuple[int, ...] = QUICK_SIZES if args.quick else SIZES
+    repeats = 2 if args.quick else 5
+    if args.sizes:
+        sizes = tuple(int(size) for size in args.sizes.split(","))
     print("loopback:", flush=True)
     measure(urls, sizes, repeats)
     if args.delay > 0:

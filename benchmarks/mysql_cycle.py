@@ -13,7 +13,7 @@ Variants, sync and async, each timed per cycle on its own connection:
 * peers (sync only): tooz's MySQL driver and PyMySQLLock, left out when not installed
   (``pip install 'multilock-mysql[bench]'``). Both open a connection per acquisition.
 
-Rounds interleave the variants in a shuffled order, so that drift in the machine's
+Rounds interleave the variants call by call (ABBA), so that drift in the machine's
 load lands on all of them alike. Reported: median and p99 per cycle, and the ratios
 multilock/raw (targets: sync at most 1.10, async 1.30; ahead of every peer). The server
 comes from ``MULTILOCK_MYSQL_URL`` (default: the local test database).

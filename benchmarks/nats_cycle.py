@@ -18,7 +18,7 @@ Variants, each timed per cycle (acquire, then release) on its own connection:
 nats-py is asyncio only. The sync table runs every nats-py variant the way a sync
 application must: in an event loop of a thread of its own, one hand-over per request
 (``run_coroutine_threadsafe``) -- as multilock's sync locker does. Rounds interleave
-the variants in a shuffled order, so that drift in the machine's load lands on all of
+the variants call by call (ABBA), so that drift in the machine's load lands on all of
 them alike. Reported: median and p99 per cycle, each median relative to raw, and
 whether multilock meets its targets (sync at most 1.10x raw, async 1.30x; faster than
 the peer). The server comes from ``MULTILOCK_NATS_URL`` (default: the local server);

@@ -12,7 +12,7 @@ Variants, sync and async, each timed per cycle on its own connection:
 * peer: tooz's PostgreSQL driver (sync only; it runs on psycopg2), left out when
   not installed (``pip install 'multilock-postgres[bench]'``).
 
-Rounds interleave the variants in a shuffled order, so that drift in the machine's
+Rounds interleave the variants call by call (ABBA), so that drift in the machine's
 load lands on all of them alike. Reported: median and p99 per cycle, and the
 ratios multilock/raw (targets: sync at most 1.10, async 1.30; ahead of tooz). The server comes
 from ``MULTILOCK_POSTGRES_URL`` (default: the local test database).

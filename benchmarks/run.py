@@ -5,13 +5,17 @@
     python benchmarks/run.py --only cycle,many --out build/bench
 
 Sections: ``cycle`` (uncontended try_acquire + release per backend, sync and
-async, against the raw client, the server's round trip and the peers), ``many``
+async, against the raw client, the server's round trip and the peers), ``profile``
+(where one cycle's time goes, per backend, under cProfile), ``many``
 (try_acquire_many of N names against N raw calls), ``scheduler`` (N interval
-jobs on memory:// and PostgreSQL against APScheduler 3), ``contention`` (50
+jobs on memory:// and PostgreSQL against APScheduler 3), ``startup`` (100,000
+registered jobs, mostly daily crons: start-up time and RSS against APScheduler
+3), ``contention`` (50
 contenders on one name per backend), ``connections`` (PostgreSQL connections of
 one replica running 100 jobs at once, against the seed pattern), ``takeover``
 (how long a standby takes to lead once the leader leaves or is killed, per
-backend). A section
+backend), ``claims`` (a tick's cost on the claim path against the hold path, at 1 and
+1,000 jobs due together, per backend). A section
 whose server is down is reported as not run; the others still run.
 
 ``--quick`` checks that everything still runs (under two minutes) and writes
@@ -38,16 +42,29 @@ import many_locks
 import mysql_cycle
 import nats_cycle
 import postgres_cycle
+import profile_cycle
 import redis_cycle
 import scheduler_load
+import scheduler_startup
 import takeover
+import tick_claims
 import zookeeper_cycle
-from _cycle import Table, reachable, server_url
+from _cycle import Table, machine_info, reachable, server_url
 
 import multilock
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-SECTIONS = ("cycle", "many", "scheduler", "contention", "connections", "takeover")
+SECTIONS = (
+    "cycle",
+    "profile",
+    "many",
+    "scheduler",
+    "startup",
+    "contention",
+    "connections",
+    "takeover",
+    "claims",
+)
 _CYCLES = {
     "postgresql": postgres_cycle,
     "redis": redis_cycle,
@@ -78,6 +95,10 @@ def _cycle(results: _report.Results, quick: bool) -> None:
     results.cycles = tables
 
 
+def _profile(results: _report.Results, quick: bool) -> None:
+    results.profile_rows = profile_cycle.measure(quick, results.skipped)
+
+
 def _many(results: _report.Results, quick: bool) -> None:
     urls = {backend: server_url(backend) for backend in ("postgresql", "redis")}
     for backend, url in list(urls.items()):
@@ -100,6 +121,11 @@ def _scheduler(results: _report.Results, quick: bool) -> None:
     results.scheduler_seconds = 3.0 if quick else 20.0
 
 
+def _startup(results: _report.Results, quick: bool) -> None:
+    jobs = scheduler_startup.QUICK_JOBS if quick else scheduler_startup.JOBS
+    results.startup = scheduler_startup.measure(jobs, 1 if quick else scheduler_startup.REPEATS)
+
+
 def _contention(results: _report.Results, quick: bool) -> None:
     results.contention_rows = contention.measure(contention.CONTENDERS, 1.0 if quick else 10.0)
 
@@ -116,13 +142,20 @@ def _takeover(results: _report.Results, quick: bool) -> None:
     results.takeover_rows = takeover.measure(quick)
 
 
+def _claims(results: _report.Results, quick: bool) -> None:
+    results.claim_rows = tick_claims.measure(quick, results.skipped)
+
+
 _RUNNERS: dict[str, Callable[[_report.Results, bool], None]] = {
     "cycle": _cycle,
+    "profile": _profile,
     "many": _many,
     "scheduler": _scheduler,
+    "startup": _startup,
     "contention": _contention,
     "connections": _connections,
     "takeover": _takeover,
+    "claims": _claims,
 }
 
 
@@ -142,7 +175,7 @@ def main() -> int:
     )
     command = " ".join(["python benchmarks/run.py", *sys.argv[1:]])
     results = _report.Results(quick=args.quick, command=command)
-    results.machine = _report.machine_info()
+    results.machine = machine_info()
     began = time.monotonic()
     for name in chosen:
         print(f"\n=== {name} ===", flush=True)

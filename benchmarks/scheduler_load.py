@@ -18,13 +18,15 @@ given their own start (or a jitter) are (lateness then measures how promptly the
 scheduler wakes for each job). A job records how late it started against its
 fire time: multilock reports it exactly (``current_run().fire_time``); the others'
 jobs know their phase, and their lateness is the time past it.
-Reported: lateness p50/p99/max, CPU seconds per wall second, peak RSS.
+Reported: lateness p50/p99/max, CPU seconds per wall second, peak RSS, and the full
+(oldest-generation) garbage collections during the window.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -53,7 +55,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _measure(lateness: list[float], started: float, cpu0: float) -> dict[str, float]:
+def _measure(lateness: list[float], started: float, cpu0: float, full0: int) -> dict[str, float]:
     wall = time.monotonic() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
@@ -63,7 +65,14 @@ def _measure(lateness: list[float], started: float, cpu0: float) -> dict[str, fl
         "max_ms": max(lateness, default=math.nan) * 1000,
         "cpu_per_wall": (usage.ru_utime + usage.ru_stime - cpu0) / wall,
         "peak_rss_mb": _peak_rss_mb(usage),
+        # Full (oldest-generation) collections in the window: each pauses the loop for a
+        # scan of every tracked object, the usual cause of a lateness tail.
+        "full_gc": _full_collections() - full0,
     }
+
+
+def _full_collections() -> int:
+    return int(gc.get_stats()[2]["collections"])
 
 
 def _peak_rss_mb(usage: resource.struct_rusage) -> float:
@@ -106,10 +115,10 @@ class _Recorder:
         """Warm up, then record for ``seconds``; the figures of that window."""
         await asyncio.sleep(WARMUP)
         self.on = True
-        started, cpu0 = time.monotonic(), _cpu()
+        started, cpu0, full0 = time.monotonic(), _cpu(), _full_collections()
         await asyncio.sleep(seconds)
         self.on = False
-        return _measure(self.lateness, started, cpu0)
+        return _measure(self.lateness, started, cpu0, full0)
 
 
 async def _child_multilock(jobs: int, seconds: float, lock: str, phasing: str) -> dict[str, float]:
@@ -207,6 +216,7 @@ def measure(
     repeats = REPEATS if COMPARED in sizes and seconds >= 10 else 1
     header = f"{'library':<13} {'backend':<11} {'phasing':<8} {'jobs':>6} {'runs':>7}"
     header += f" {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu/wall':>9} {'rss MB':>7}"
+    header += f" {'full gc':>7}"
     print(header)
     rows = []
     for phasing in PHASINGS:
@@ -238,7 +248,8 @@ def _child_row(lib: str, jobs: int, seconds: float, lock: str, phasing: str) -> 
         print(
             f"{what} {result['runs']:>7} {result['p50_ms']:>8.2f}"
             f" {result['p99_ms']:>8.2f} {result['max_ms']:>8.2f}"
-            f" {result['cpu_per_wall']:>9.3f} {result['peak_rss_mb']:>7.1f}",
+            f" {result['cpu_per_wall']:>9.3f} {result['peak_rss_mb']:>7.1f}"
+            f" {result['full_gc']:>7}",
             flush=True,
         )
     return row

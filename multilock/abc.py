@@ -9,8 +9,9 @@ that want them.
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,14 +28,24 @@ __all__ = [
     "DEGRADED_STATES",
     "AsyncDistributedLock",
     "AsyncLease",
+    "AsyncWatch",
     "Backend",
     "Capability",
     "ConformanceHooks",
     "DistributedLock",
     "Lease",
     "LockInfo",
+    "SupportsAcquireManyStarted",
+    "SupportsAsyncReleaseMany",
+    "SupportsAsyncTickClaims",
+    "SupportsClaimTicksStarted",
     "SupportsDegrade",
     "SupportsLocks",
+    "SupportsReleaseMany",
+    "SupportsReleaseStarted",
+    "SupportsTickClaims",
+    "SupportsWatchReleased",
+    "TickTime",
 ]
 
 
@@ -59,6 +70,9 @@ class Capability(enum.StrEnum):
     """The locker can list the locks currently held (``locks()``)."""
     BATCH = "batch"
     """``try_acquire_many`` takes any number of names in one round trip."""
+    TICK_CLAIM = "tick-claim"
+    """``claim_ticks`` raises a per-name high-water mark of fire times atomically (see
+    :class:`SupportsTickClaims`): each fire time is won by one claimer only."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,49 @@ class SupportsLocks(Protocol):
 
     def locks(self) -> list[LockInfo]:
         """Every lock currently held on the backend that this locker can see."""
+
+
+TickTime = datetime | float
+"""A tick's fire time: an aware datetime, or epoch seconds (kept to the microsecond)."""
+
+
+class SupportsTickClaims(Protocol):
+    """A sync locker that can claim ticks (backends declaring ``TICK_CLAIM``).
+
+    Each name has a *mark*, on the backend, apart from its lock: the latest fire time
+    claimed. A claim of ``(name, F)`` raises the mark from below ``F`` to ``F`` in one
+    atomic step and is won; it is lost when the mark is at ``F`` or beyond. So of every
+    claimer of one tick -- whatever its clock says, however late it comes -- one wins,
+    and a fire time older than one already claimed never wins.
+    """
+
+    @property
+    def claim_retention(self) -> float | None:
+        """Seconds a mark is kept after its last claim (``None``: as long as the
+        backend's data is kept). A claim of a tick older than that may win again."""
+
+    def claim_ticks(self, ticks: Mapping[str, TickTime]) -> Mapping[str, bool]:
+        """Claim each ``(name, fire time)`` in one round trip where the backend can:
+        ``True`` for the claims won, in order. Raises
+        :class:`~multilock.errors.BackendUnavailable` when the backend cannot be asked."""
+
+    def claim_tick(self, name: str, fire: TickTime) -> bool:
+        """``claim_ticks`` of one tick: whether this call won ``(name, fire)``."""
+
+
+class SupportsAsyncTickClaims(Protocol):
+    """An async locker that can claim ticks: :class:`SupportsTickClaims`, awaited."""
+
+    @property
+    def claim_retention(self) -> float | None:
+        """Seconds a mark is kept after its last claim (``None``: as long as the
+        backend's data is kept)."""
+
+    async def claim_ticks(self, ticks: Mapping[str, TickTime]) -> Mapping[str, bool]:
+        """Claim each ``(name, fire time)``; ``True`` for the claims won, in order."""
+
+    async def claim_tick(self, name: str, fire: TickTime) -> bool:
+        """``claim_ticks`` of one tick: whether this call won ``(name, fire)``."""
 
 
 class Lease(Protocol):
@@ -249,6 +306,127 @@ class AsyncDistributedLock(Protocol):
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+
+# --- optional fast paths --------------------------------------------------------------
+# The scheduler works with the contract above alone. A locker (or lease) that also
+# implements one of these protocols opts in to a faster path; the scheduler checks
+# each one once (``isinstance``), when it is given the locker, never by private name.
+
+
+@runtime_checkable
+class SupportsAcquireManyStarted(Protocol):
+    """An async locker that can start ``try_acquire_many`` from a plain callback (the
+    scheduler's loop timer), without a task: the round trip is sent (or queued on the
+    client's own thread) during the call, and a future says how it went."""
+
+    def try_acquire_many_started(
+        self, names: Iterable[str], *, ttl: Duration | None = None
+    ) -> asyncio.Future[Mapping[str, AsyncLease | None]] | None:
+        """``try_acquire_many(names, ttl=ttl)``, started now.
+
+        Called on the event loop's thread, maybe with no task running. Returns a
+        future of that loop, maybe already done, settled with exactly what
+        ``try_acquire_many`` would return (a lease or ``None`` per name, in order) or
+        raise -- without anyone awaiting it: the operation makes progress on its own,
+        and must end by a deadline of its own. Or returns ``None``, having sent and
+        changed nothing, when it cannot start at once: the caller then awaits
+        ``try_acquire_many``. Bad names or ttl may raise at once, before anything is
+        sent. The caller never cancels the future; one that stops waiting for it
+        still reads it and releases what it grants.
+        """
+
+
+@runtime_checkable
+class SupportsClaimTicksStarted(Protocol):
+    """An async locker that can start ``claim_ticks`` from a plain callback (the
+    scheduler's loop timer), without a task: what :class:`SupportsAcquireManyStarted`
+    is to ``try_acquire_many``."""
+
+    def claim_ticks_started(
+        self, ticks: Mapping[str, TickTime]
+    ) -> asyncio.Future[Mapping[str, bool]] | None:
+        """``claim_ticks(ticks)``, started now: a future of the running loop, maybe
+        already done, settled with what ``claim_ticks`` would return or raise, making
+        progress (to a deadline of its own) with nobody awaiting it. ``None``, having
+        sent and changed nothing, when it cannot start at once: the caller then awaits
+        ``claim_ticks``. Bad names or fire times may raise at once."""
+
+
+@runtime_checkable
+class SupportsReleaseStarted(Protocol):
+    """An async lease whose release can be started from a plain callback (the
+    scheduler ending a lease hold on a timer), without a task."""
+
+    def release_started(self) -> asyncio.Future[bool] | None:
+        """``release()``, started now: a future (of the running loop, maybe already
+        done) settled with what ``await release()`` would return, or its error. The
+        release makes progress without anyone awaiting the future, is finished even
+        if nobody reads it, and ends by a deadline of its own. From this call on,
+        ``held`` is false and ``release()`` answers ``False``, as after a release.
+        ``None``, having sent and changed nothing, when the release cannot be started
+        at once: the caller then awaits ``release()``."""
+
+
+@runtime_checkable
+class SupportsAsyncReleaseMany(Protocol):
+    """An async locker that releases many of its leases at once (in one round trip
+    where it can): the scheduler's lease holds end together."""
+
+    async def release_many(self, leases: Sequence[AsyncLease]) -> None:
+        """Release ``leases`` (all taken from this locker) as ``release()`` each
+        would: every one of them is released (or, if the backend is unreachable, left
+        to end with its session or ttl), already released ones are left alone, and
+        each is no longer ``held`` once the call returns. Finishes even if the caller
+        is cancelled meanwhile; the first error is raised after the rest are done."""
+
+
+@runtime_checkable
+class SupportsReleaseMany(Protocol):
+    """A sync locker that releases many of its leases at once: what
+    :class:`SupportsAsyncReleaseMany` is to an async one (a sync locker given to the
+    scheduler is used through it)."""
+
+    def release_many(self, leases: Sequence[Lease]) -> None:
+        """Release ``leases`` (all taken from this locker) as ``release()`` each
+        would; the first error is raised after the rest are done."""
+
+
+class AsyncWatch(Protocol):
+    """What a waiting acquire waits on between two tries (see
+    :class:`SupportsWatchReleased`): an async context manager."""
+
+    wakes: bool
+    """Whether ``wait`` returns early when the name is released (it may change: a watch
+    whose listening failed polls)."""
+
+    async def wait(self, seconds: float) -> None:
+        """Return after ``seconds``, or earlier when the name may have been released."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class SupportsWatchReleased(Protocol):
+    """An async locker told when a name is released, so that who waits for the name
+    (a waiting acquire, a follower of :func:`multilock.leadership`) tries again then
+    instead of at its next poll."""
+
+    def watch_released(self, name: str) -> AsyncWatch:
+        """A watch on ``name``, entered before the first try.
+
+        It listens from ``__aenter__``, or from its first ``wait``, which then returns
+        at once, so that the next try is made listening: no release falls between a
+        try and the listening. ``wait`` returns as soon as a release of the name is
+        announced (a wake-up is a hint: the waiter tries again, and still polls for
+        releases nobody announces). ``__aexit__`` leaves nothing behind (no
+        subscription, no queued claim), even when the caller is cancelled. A watch
+        that cannot listen sets ``wakes`` false and only sleeps.
+        """
 
 
 class ConformanceHooks(Protocol):

@@ -20,7 +20,8 @@ from ._locks.base import (
     ReleaseWatch,
     new_token,
 )
-from ._locks.outcome import Outcome, finish_shielded
+from ._locks.mutex import AsyncMutex
+from ._locks.outcome import Outcome, finish_shielded, settle_in_task
 from ._locks.registry import ENTRY_POINT_GROUP
 from ._signal import LostSignal
 from ._url import LockURL, OptionParser, as_bool, as_duration, as_int, as_str, mask_url, quote_name
@@ -33,6 +34,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "AsyncLeaseBase",
     "AsyncLockerBase",
+    "AsyncMutex",
     "AsyncReleaseWatch",
     "Backend",
     "Capability",
@@ -56,4 +58,5 @@ __all__ = [
     "new_token",
     "parse_duration",
     "quote_name",
+    "settle_in_task",
 ]

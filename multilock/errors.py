@@ -10,7 +10,8 @@ backend boundary, never leaked raw::
     │   ├── UnknownScheme             no backend is installed for the scheme
     │   ├── MissingBackend            a known scheme whose extra is not installed
     │   ├── InvalidOption             unknown option, or a value of the wrong form
-    │   └── InvalidLockName           a name the backend cannot represent
+    │   ├── InvalidLockName           a name the backend cannot represent
+    │   └── ClaimsUnavailable         TICK_CLAIM declared, but this locker cannot claim
     ├── BackendUnavailable            could not ask the backend (never "held elsewhere")
     ├── LockTimeout                   (also a TimeoutError) a waiting acquire's timeout passed
     └── LockLost                      a lease we held is no longer ours
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailable",
+    "ClaimsUnavailable",
     "ConfigurationError",
     "InvalidLockName",
     "InvalidOption",
@@ -69,6 +71,13 @@ class BackendUnavailable(MultilockError, ConnectionError):
 
     Distinct from "held elsewhere", which is ``try_acquire`` returning ``None``.
     """
+
+
+class ClaimsUnavailable(ConfigurationError):
+    """A backend that declares ``TICK_CLAIM`` cannot claim ticks for this locker (a
+    PostgreSQL role that may not create or write the claims table, say); the message
+    says what to do. The scheduler then holds its jobs' locks instead, as on a backend
+    without claims."""
 
 
 class LockTimeout(MultilockError, TimeoutError):

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from multilock.testing import require_backends, server_url
+from multilock.testing import server_url
+from multilock.testing._servers import unavailable
 
 DEFAULT_URLS = {
     "postgres": "postgresql://postgres@127.0.0.1:5432/test",
@@ -187,8 +188,8 @@ def faketime(request: pytest.FixtureRequest) -> Callable[[float], dict[str, str]
         )
         works = probe.returncode == 0 and float(probe.stdout) > time.time() + 900
     if not works:
-        message = "libfaketime (Debian's faketime package) is not installed or does not work"
-        if require_backends(request.config):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(
+            request.config,
+            "libfaketime (Debian's faketime package) is not installed or does not work",
+        )
     return _faketime_env

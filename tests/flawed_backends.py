@@ -349,6 +349,10 @@ DEFECTS = {
     "locks_own": "locks() lists this locker's leases only",
     "none_when_down": "an unreachable database gives None, not BackendUnavailable",
     "naive_expires_at": "expires_at is a naive datetime",
+    "claim_racy": "a tick claim reads the mark and writes it in two transactions:"
+    " concurrent claimers of one tick both win",
+    "claim_any_change": "a tick claim wins whenever the fire time differs from the mark:"
+    " an older tick wins after a newer one",
 }
 """The defects of ``flawdb://``, each with what it does wrong."""
 
@@ -363,6 +367,7 @@ CREATE TABLE IF NOT EXISTS holders (
     expires REAL NOT NULL, fence INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS fences (key TEXT PRIMARY KEY, fence INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS marks (name TEXT PRIMARY KEY, fire INTEGER NOT NULL);
 """
 
 
@@ -498,6 +503,34 @@ class _Db:
             sql = "SELECT 1 FROM holders WHERE key = ? AND token = ?"
             return db.execute(sql, (_key(name, self.flaw), token)).fetchone() is not None
 
+    def claim(self, names: list[str], fires: list[int]) -> list[bool]:
+        """Raise each name's mark to its fire time where it is below: one transaction."""
+        if self.flaw == "claim_racy":
+            return [self._claim_racy(name, fire) for name, fire in zip(names, fires, strict=True)]
+        won = []
+        newer = "fire < excluded.fire"
+        if self.flaw == "claim_any_change":
+            newer = "fire <> excluded.fire"
+        with self._tx() as db:
+            for name, fire in zip(names, fires, strict=True):
+                row = db.execute(
+                    "INSERT INTO marks VALUES (?, ?) ON CONFLICT (name) DO UPDATE"
+                    f" SET fire = excluded.fire WHERE {newer} RETURNING fire",
+                    (name, fire),
+                ).fetchone()
+                won.append(row is not None)
+        return won
+
+    def _claim_racy(self, name: str, fire: int) -> bool:
+        with self._tx() as db:
+            row = db.execute("SELECT fire FROM marks WHERE name = ?", (name,)).fetchone()
+        if row is not None and row[0] >= fire:
+            return False
+        time.sleep(0.002)  # the window another claimer falls into
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO marks VALUES (?, ?)", (name, fire))
+        return True
+
     def holders(self, tokens: set[str] | None) -> list[LockInfo]:
         """Unexpired holders (of ``tokens`` only, when given)."""
         with self._tx() as db:
@@ -528,6 +561,7 @@ class _DbCore:
             Capability.INTROSPECTION,
             Capability.LOST_SIGNAL,
             Capability.BATCH,
+            Capability.TICK_CLAIM,
         }
     )
 
@@ -669,6 +703,9 @@ class _DbLocker(LockerBase):
         """Unexpired holders."""
         return self.core.locks(self)
 
+    def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        return self.core.db.claim(names, fires)
+
     def _close(self) -> None:
         self.core.close()
 
@@ -704,6 +741,9 @@ class _AsyncDbLocker(AsyncLockerBase):
     async def locks(self) -> list[LockInfo]:
         """Unexpired holders."""
         return await asyncio.to_thread(self.core.locks, self)
+
+    async def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        return await asyncio.to_thread(self.core.db.claim, names, fires)
 
     async def _close(self) -> None:
         await asyncio.to_thread(self.core.close)

@@ -1,8 +1,11 @@
 """One replica of the fleet test: a Scheduler in its own process, with a skewed clock.
 
 Usage: ``python fleet_replica.py URL PREFIX JOBS OFFSET RECORD REPLICA_ID COORDINATION
-SKEW GRACE TTL POLL [extras]`` (coordination ``lock`` or ``leader``; then
-skew_tolerance, misfire_grace, lease_ttl and leader_poll in seconds). It
+SKEW GRACE TTL POLL [extras] [interval=I] [jump=BY] [claims=0]`` (coordination
+``lock`` or ``leader``; then skew_tolerance, misfire_grace, lease_ttl and leader_poll in
+seconds). ``interval``: the jobs' interval in seconds (default 1); ``jump=BY``: on
+SIGUSR1 the clock jumps ``BY`` seconds forward, on SIGUSR2 back; ``claims=0``: the
+scheduler holds locks even on a backend that claims ticks. It
 registers ``JOBS`` jobs ``PREFIX-<i>`` firing every second; each run appends
 ``<job> <fire time in ms> <replica> <start ms> <end ms>`` to RECORD (O_APPEND: one
 write per line; start and end by the host's clock, the true time of every replica).
@@ -30,6 +33,18 @@ import multilock
 OFF_GRID = datetime(2000, 1, 1, 0, 0, 0, 437000, tzinfo=UTC)  # ticks at .437 of each second
 
 
+class JumpingClock(multilock.SystemClock):
+    """The host clock ``offset`` off, ``jumped`` seconds more while a jump lasts."""
+
+    def __init__(self, offset: float) -> None:
+        super().__init__(offset)
+        self.jumped = 0.0
+
+    def now(self) -> float:
+        """``time.time() + offset``, plus the jump."""
+        return time.time() + self.offset + self.jumped
+
+
 async def replica(
     url: str,
     prefix: str,
@@ -40,6 +55,7 @@ async def replica(
     coordination: str,
     timing: list[float],
     extras: bool,
+    options: dict[str, str],
 ) -> None:
     """Schedule the fleet's jobs until SIGTERM."""
 
@@ -55,6 +71,11 @@ async def replica(
         assert probe is not None
         await probe.release()
         skew, grace, ttl, poll = timing
+        clock = JumpingClock(offset)
+        if "jump" in options:
+            by, loop = float(options["jump"]), asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGUSR1, lambda: setattr(clock, "jumped", by))
+            loop.add_signal_handler(signal.SIGUSR2, lambda: setattr(clock, "jumped", 0.0))
         scheduler = multilock.Scheduler(
             locker,
             coordination="leader" if coordination == "leader" else "lock",
@@ -65,10 +86,11 @@ async def replica(
             lease_ttl=ttl,
             stop_timeout=5,
             replica_id=name,
-            clock=multilock.SystemClock(offset),
+            clock=clock,
             metrics=False,
+            tick_claims=options.get("claims", "1") == "1",
         )
-        second = multilock.every(seconds=1)
+        second = multilock.every(seconds=float(options.get("interval", "1")))
         if extras:
             scheduler.add_job(body, second, name=f"{prefix}-held", args=(f"{prefix}-held",))
         for i in range(jobs):
@@ -93,13 +115,14 @@ def missed_to_stderr(event: multilock.JobEvent) -> None:
 def main(argv: list[str]) -> None:
     """Run one replica (see the module docstring for the arguments)."""
     url, prefix, jobs, offset, record, name, coordination, *timing = argv
-    extras = timing[4:] == ["extras"]
+    extras = "extras" in timing[4:]
+    options = dict(arg.split("=", 1) for arg in timing[4:] if "=" in arg)
     logging.basicConfig(level=logging.WARNING, format=f"{name} %(levelname)s %(message)s")
     fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         timings = [float(value) for value in timing[:4]]
         run = replica(
-            url, prefix, int(jobs), float(offset), fd, name, coordination, timings, extras
+            url, prefix, int(jobs), float(offset), fd, name, coordination, timings, extras, options
         )
         asyncio.run(run)
     finally:

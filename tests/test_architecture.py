@@ -101,3 +101,47 @@ def test_the_check_sees_an_upward_import() -> None:
     )
     found = _imported_parts(PACKAGE / "_locks" / "base.py", source)
     assert found == {"_scheduling", "_cli", "testing", "_locks"}
+
+
+def _private_lookups(module: Path, source: str | None = None) -> list[str]:
+    """Where ``module`` looks a private attribute up by name (``getattr``, ``hasattr``)
+    on anything but ``self``/``cls``: a contract reached by a name nobody declared."""
+    tree = ast.parse(module.read_text() if source is None else source, str(module))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+        ):
+            continue
+        target, name = node.args[0], node.args[1]
+        if isinstance(target, ast.Name) and target.id in ("self", "cls"):
+            continue
+        text = name.value if isinstance(name, ast.Constant) else None
+        if isinstance(text, str) and text.startswith("_") and not text.endswith("__"):
+            found.append(f"line {node.lineno}: {node.func.id}(..., {text!r})")
+    return found
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_private_lookup_by_name(module: Path) -> None:
+    """An optional method is a protocol of ``multilock.abc`` checked with ``isinstance``
+    (see docs/decisions.md), never a private name probed with ``getattr``."""
+    wrong = _private_lookups(module)
+    assert not wrong, f"multilock/{module.relative_to(PACKAGE)}: {wrong}"
+
+
+def test_the_check_sees_a_private_lookup() -> None:
+    source = (
+        "start = getattr(locker, '_try_acquire_many_started', None)\n"
+        "ok = getattr(self, '_own', None)\n"
+        "call = getattr(func, '__call__', None)\n"
+        "has = hasattr(lease, '_release_started')\n"
+    )
+    found = _private_lookups(PACKAGE / "_scheduling" / "scheduler.py", source)
+    assert found == [
+        "line 1: getattr(..., '_try_acquire_many_started')",
+        "line 4: hasattr(..., '_release_started')",
+    ]

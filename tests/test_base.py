@@ -346,7 +346,7 @@ def test_release_many_releases_each_once_by_default(table: _Table) -> None:
     leases = [sync.try_acquire(name) for name in ("a", "b", "c")]
     held = [lease for lease in leases if lease is not None]
     assert held[1].release() is True
-    sync._release_many(held)  # the backend has no batch form: one release each
+    sync.release_many(held)  # the backend has no batch form: one release each
     assert not any(lease.held for lease in held)
     assert table.calls == ["release b", "release a", "release c"]
 
@@ -357,7 +357,7 @@ def test_async_release_many_finishes_when_cancelled(table: _Table) -> None:
         granted = await locker.try_acquire_many(["a", "b"])
         leases = [lease for lease in granted.values() if lease is not None]
         locker.gate.clear()
-        releasing = asyncio.ensure_future(locker._release_many(leases))
+        releasing = asyncio.ensure_future(locker.release_many(leases))
         await asyncio.sleep(0)
         releasing.cancel()
         locker.gate.set()

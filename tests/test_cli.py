@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import multilock
+from multilock.testing import poll
+from multilock.testing._servers.process import free_port
 
 
 def ml(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -162,22 +164,12 @@ def tick() -> None:
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_run_serves_a_users_scheduler_until_sigterm(tmp_path: Path) -> None:
     import signal
-    import time
     import urllib.request
 
     (tmp_path / "myapp.py").write_text(APP)
-    port = _free_port()
+    port = free_port()
     lock_dir = tmp_path / "locks"
     process = subprocess.Popen(
         [sys.executable, "-m", "multilock", "run", "myapp:scheduler", "--lock",
@@ -186,15 +178,13 @@ def test_run_serves_a_users_scheduler_until_sigterm(tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        metrics = ""
-        while time.monotonic() < deadline and 'outcome="succeeded"' not in metrics:
-            time.sleep(0.2)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                    metrics = r.read().decode()
-            except OSError:
-                continue
+
+        def succeeded() -> str | None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                metrics = r.read().decode()
+            return metrics if 'outcome="succeeded"' in metrics else None
+
+        metrics = poll("a run succeeded, in /metrics", succeeded, 30, 0.2, not_yet=(OSError,))
         assert 'multilock_job_runs_total{job="app-tick",outcome="succeeded"}' in metrics
         assert "multilock_job_last_success_timestamp_seconds" in metrics
         process.send_signal(signal.SIGTERM)
@@ -342,7 +332,7 @@ def test_usage_errors_are_one_line_and_exit_2(args: list[str], fragment: str) ->
 
 
 def test_a_drivers_multi_line_message_is_one_line() -> None:
-    done = ml("locks", f"postgresql://app:hunter2secret@127.0.0.1:{_free_port()}/app")
+    done = ml("locks", f"postgresql://app:hunter2secret@127.0.0.1:{free_port()}/app")
     line = one_line_error(done, 1)
     assert "backend unavailable" in line
     assert "Connection refused" in line  # psycopg's first line; its hint joins it
@@ -350,7 +340,7 @@ def test_a_drivers_multi_line_message_is_one_line() -> None:
 
 
 def test_kazoo_connection_logging_stays_out_of_the_error() -> None:
-    url = f"zookeeper://127.0.0.1:{_free_port()}/x?connect_timeout=1s"
+    url = f"zookeeper://127.0.0.1:{free_port()}/x?connect_timeout=1s"
     assert "backend unavailable" in one_line_error(ml("locks", url), 1)
 
 

@@ -11,6 +11,12 @@ a job ticking at .437 of each second, exactly once per tick; and a job held by a
 outside locker (this process) while its batch-mates are free, which runs no tick
 until the name is let go, then every tick once.
 
+The tick claims variants (issue 20) run on the backends that claim ticks, with clocks
+-0.45 I, 0 and +0.45 I off true time (I the interval: 1 s and 2 s), far past the 250 ms
+skew tolerance, and the middle replica's clock jumping 2 I forward mid-run, then back:
+every (job, tick) once. The control runs the same fleet on a backend without claims
+(etcd), where ticks run twice, as documented.
+
 The selected fleets run side by side, ``FLEETS_AT_ONCE`` at a time (the ``fleets``
 fixture), each test then waits for its own: the fleets spend their ticks of real time
 mostly waiting.
@@ -74,8 +80,10 @@ class Fleet:
         offsets: tuple[float, ...] = OFFSETS,
         timing: tuple[float, ...] = (SKEW_TOLERANCE, MISFIRE_GRACE, LEASE_TTL, LEADER_POLL),
         extras: bool = False,
+        options: tuple[tuple[str, ...], ...] = (),
     ) -> None:
         self.url = url
+        self.options = options  # per replica: fleet_replica.py's key=value arguments
         self.extras = extras
         self.coordination = coordination
         self.offsets = offsets
@@ -91,6 +99,7 @@ class Fleet:
             argv = [self.url, self.prefix, str(JOBS), str(offset), str(self.records[i]), f"r{i}"]
             argv += [self.coordination, *(str(value) for value in timing)]
             argv += ["extras"] if self.extras else []
+            argv += self.options[i] if i < len(self.options) else ()
             with self.logs[i].open("w") as log:  # a file, not a pipe nobody drains
                 self.procs.append(
                     subprocess.Popen(
@@ -281,6 +290,59 @@ def _check_extras(fleet: Fleet, first: int, last: int) -> set[tuple[str, int]]:
     return offset | held
 
 
+# --- tick claims ----------------------------------------------------------------------
+
+CLAIM_BACKENDS = ("file", "postgres", "redis", "zookeeper")
+CLAIM_TIMING = (0.25, 0.25, LEASE_TTL, LEADER_POLL)  # the default skew tolerance and grace
+CLAIM_INTERVALS = 12  # ticks in the window
+JUMP_AT, JUMP_BACK = 3.5, 7.5  # in intervals after the first tick, mid-way between ticks
+
+
+def _claims(url: str, workdir: Path, interval: int, claims: bool = True) -> None:
+    """Offsets of 0.45 I, the middle clock 2 I ahead for a while: each tick once (or,
+    without claims, the documented duplicates)."""
+    jump = f"jump={2 * interval}"  # the middle replica's, on SIGUSR1 (back on SIGUSR2)
+    common = (f"interval={interval}",) + (() if claims else ("claims=0",))
+    fleet = Fleet(
+        url,
+        workdir,
+        "lock",
+        offsets=(-0.45 * interval, 0.0, 0.45 * interval),
+        timing=CLAIM_TIMING,
+        options=(common, (*common, jump), common),
+    )
+    fleet.start()
+    try:
+        first = math.ceil((time.time() + 1.5) / interval) * interval  # all are scheduling
+        last = first + CLAIM_INTERVALS * interval
+        _sleep_until(first + JUMP_AT * interval)
+        fleet.procs[1].send_signal(signal.SIGUSR1)
+        _sleep_until(first + JUMP_BACK * interval)
+        fleet.procs[1].send_signal(signal.SIGUSR2)
+        _sleep_until(last + interval)  # the last tick's latest replica has fired
+    finally:
+        codes = fleet.stop()
+    assert codes == [0, 0, 0], [fleet.stderr(i) for i in range(3)]
+    runs = fleet.runs()
+    must_run = {
+        (f"{fleet.prefix}-{j}", t * 1000) for j in range(JOBS) for t in range(first, last, interval)
+    }
+    duplicates = {key: n for key, n in runs.items() if n > 1 and key in must_run}
+    if not claims:
+        # The hold path cannot cover clocks 0.9 I apart: most ticks run twice.
+        assert len(duplicates) >= len(must_run) // 2, f"only {len(duplicates)} duplicates"
+        return
+    sample = sorted(duplicates.items())[:10]
+    assert not duplicates, f"{len(duplicates)} (job, tick) ran more than once, e.g. {sample}"
+    missing = sorted(must_run - set(runs))
+    assert not missing, (
+        f"{len(missing)} of {len(must_run)} (job, tick) never ran: {missing[:10]};"
+        f" ticks {sorted({t / 1000 - first for _, t in missing})} of the window;"
+        f" the replicas said: {fleet.missed(missing[:10])[:10]}; each ran ticks"
+        f" {[sorted({t / 1000 - first for t in ran}) for ran in fleet.ticks_by_replica()]}"
+    )
+
+
 BACKENDS = ("file", "postgres", "redis", "zookeeper", "mysql", "etcd", "nats")
 # Leader mode on the session-bound backends only: the per-job lock variants already
 # cover every backend's leases.
@@ -305,6 +367,9 @@ SCENARIOS: dict[str, Callable[[str, Path], None]] = {
     "test_fleet_runs_each_tick_exactly_once": _exactly_once,
     "test_fleet_survives_a_killed_replica": _killed,
     "test_fleet_in_leader_mode_fails_over": _leader,
+    "test_fleet_claims_each_1s_tick_once_whatever_the_clocks": lambda u, w: _claims(u, w, 1),
+    "test_fleet_claims_each_2s_tick_once_whatever_the_clocks": lambda u, w: _claims(u, w, 2),
+    "test_fleet_without_claims_runs_ticks_twice": lambda u, w: _claims(u, w, 2, claims=False),
 }
 
 
@@ -381,4 +446,28 @@ def test_fleet_in_leader_mode_fails_over(
     backend: str, fleets: Fleets, request: pytest.FixtureRequest
 ) -> None:
     """Leader mode, same fleet: only the leader runs; SIGKILL it and another takes over."""
+    fleets.check(request, backend)
+
+
+@pytest.mark.parametrize("backend", CLAIM_BACKENDS)
+def test_fleet_claims_each_1s_tick_once_whatever_the_clocks(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """Clocks -450 ms, 0, +450 ms, one jumping 2 s ahead and back, 1 s ticks: each once."""
+    fleets.check(request, backend)
+
+
+@pytest.mark.parametrize("backend", CLAIM_BACKENDS)
+def test_fleet_claims_each_2s_tick_once_whatever_the_clocks(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """Clocks -0.9 s, 0, +0.9 s, one jumping 4 s ahead and back, 2 s ticks: each once."""
+    fleets.check(request, backend)
+
+
+@pytest.mark.parametrize("backend", ["etcd"])
+def test_fleet_without_claims_runs_ticks_twice(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """The same fleet on a backend without claims (it holds): the documented duplicates."""
     fleets.check(request, backend)

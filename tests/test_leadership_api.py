@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -165,7 +165,7 @@ def test_one_leader_at_a_time_and_a_leaving_leader_hands_over(url: str) -> None:
     assert terms.elected == terms.revoked  # each revoked once, in the order elected
 
 
-@pytest.mark.parametrize("backend", ["memory", "redis", "zookeeper"])
+@pytest.mark.parametrize("backend", ["memory", "file", "postgres", "redis", "zookeeper"])
 def test_a_release_wakes_the_standby_where_the_backend_announces_it(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
@@ -181,8 +181,9 @@ def test_a_release_wakes_the_standby_where_the_backend_announces_it(
             multilock.leadership(a, lock, poll=slow, jitter=0) as leader,
         ):
             await leader.elected
+            refusals = _refusals(b)
             async with multilock.leadership(b, lock, poll=slow, jitter=0) as standby:
-                await asyncio.sleep(0.3)  # its first try refused, now waiting
+                await apoll("the standby refused, now waiting", refusals, 10)
                 left = time.monotonic()
                 await leader.__aexit__(None, None, None)
                 async with asyncio.timeout(slow / 2):
@@ -190,6 +191,24 @@ def test_a_release_wakes_the_standby_where_the_backend_announces_it(
                 return time.monotonic() - left
 
     assert asyncio.run(scenario()) < 1.0
+
+
+def _refusals(locker: multilock.AsyncDistributedLock) -> Callable[[], Awaitable[int]]:
+    """Wraps ``locker.try_acquire``: the count of its refusals so far, to poll."""
+    refused = 0
+    tries = locker.try_acquire
+
+    async def counted(name: str, *, ttl: Any = None) -> Any:
+        nonlocal refused
+        lease = await tries(name, ttl=ttl)
+        refused += lease is None
+        return lease
+
+    async def count() -> int:
+        return refused
+
+    locker.try_acquire = counted  # type: ignore[method-assign]
+    return count
 
 
 def test_a_broken_lease_revokes_at_once_and_the_campaign_goes_on(url: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from multilock._scheduling.queue import FireQueue
 
 
@@ -39,3 +41,15 @@ def test_a_dropped_item_never_comes_out() -> None:
     queue.clear()
     assert queue.earliest() is None
     assert len(queue) == 0
+
+
+def test_a_queued_item_makes_no_object_for_the_garbage_collector() -> None:
+    # Jobs spread over the second put a new due time per run: its bucket must not be one
+    # more object for every collection to trace (docs/decisions.md, "GC-tracked objects").
+    queue: FireQueue[object] = FireQueue()
+    for index in range(3):
+        queue.put(f"job-{index}", 1.0 + index, object())
+    assert queue._buckets
+    for bucket in queue._buckets.values():
+        assert not gc.is_tracked(bucket)
+    assert len(queue.pop_due(2.0)) == 2

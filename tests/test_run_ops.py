@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from multilock.testing import poll
+from multilock.testing._servers.process import free_port
 
 APP = """
 import multilock
@@ -107,13 +107,6 @@ def test_a_bad_wait_is_bad_input(app: Path) -> None:
     assert line.startswith("error: invalid --wait-for-backend")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _listening(port: int) -> set[str]:
     """The IPv4 addresses a socket listens on at ``port`` (from /proc/net/tcp)."""
     found = set()
@@ -152,20 +145,16 @@ def serving(
 
 
 def _get(url: str, within: float = 30.0) -> tuple[int, str]:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return response.status, response.read().decode()
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    def answer() -> tuple[int, str]:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+
+    return poll(f"an answer from {url}", answer, within, 0.1, not_yet=(OSError,))
 
 
 def test_endpoints_listen_on_loopback_unless_told(app: Path) -> None:
     pytest.importorskip("prometheus_client")
-    metrics, health = _free_port(), _free_port()
+    metrics, health = free_port(), free_port()
     with serving(app, "--metrics-port", str(metrics), "--health-port", str(health)):
         assert _get(f"http://127.0.0.1:{health}/readyz") == (200, "ready\n")
         assert _get(f"http://127.0.0.1:{health}/healthz") == (200, "alive\n")
@@ -174,7 +163,7 @@ def test_endpoints_listen_on_loopback_unless_told(app: Path) -> None:
         assert "multilock_job_runs_total" in text
         assert _listening(metrics) == {"127.0.0.1"}
         assert _listening(health) == {"127.0.0.1"}
-    port = _free_port()
+    port = free_port()
     # Another address (still loopback: a test exposes nothing to the network).
     elsewhere = ["--metrics-addr", "127.0.0.2", "--health-addr", "127.0.0.2"]
     with serving(app, "--metrics-port", str(port), "--health-port", str(port), *elsewhere):
@@ -215,7 +204,7 @@ def _family(root: int) -> list[int]:
 
 
 def test_no_password_on_the_command_line_of_run_or_its_children(app: Path) -> None:
-    health = _free_port()
+    health = free_port()
     env = {"MULTILOCK_LOCK_URL": f"memory://app:{SECRET}@ops-argv"}
     with serving(app, "--health-port", str(health), env=env) as (process, said):
         assert _get(f"http://127.0.0.1:{health}/readyz") == (200, "ready\n")
@@ -243,13 +232,16 @@ def jobs(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_jobs_lists_the_jobs_with_their_next_fire_times(app: Path) -> None:
+    # The listing's next fire time is after the moment the command started, not after
+    # the moment it is read here: an every-second job's next fire may already be past.
+    started = datetime.now(UTC)
     done = jobs(app)
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.splitlines()
     name, trigger, mode, first, last = line.split("\t")
-    assert (name, mode, last) == ("app-tick", "lock", "")
+    assert (name, mode, last) == ("app-tick", "lock+claim", "")
     assert trigger.startswith("every(0:00:01")
-    assert datetime.fromisoformat(first) > datetime.now(UTC)
+    assert datetime.fromisoformat(first) > started
     done = jobs(app, "--json", "-n", "4")
     (row,) = json.loads(done.stdout)
     fires = [datetime.fromisoformat(fire) for fire in row["next"]]
@@ -258,7 +250,7 @@ def test_jobs_lists_the_jobs_with_their_next_fire_times(app: Path) -> None:
 
 
 def test_jobs_shows_the_last_outcome_a_running_replica_saw(app: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with serving(app, "--health-port", str(port)):
         assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200  # serving by now
 
@@ -277,7 +269,7 @@ def test_jobs_shows_the_last_outcome_a_running_replica_saw(app: Path) -> None:
 
 
 def test_jobs_with_an_unreachable_replica_is_one_line(app: Path) -> None:
-    port = _free_port()
+    port = free_port()
     done = jobs(app, "--replica", f"127.0.0.1:{port}")
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()

@@ -17,6 +17,7 @@ from multilock import EventKind, Scheduler, every
 from multilock._locks.memory import AsyncMemoryLocker
 from multilock._scheduling.jobs import Job
 from multilock._scheduling.run_states import (
+    BODY_STATES,
     TRANSITIONS,
     IllegalTransition,
     RunLifecycle,
@@ -95,6 +96,18 @@ def test_the_table_is_the_whole_life() -> None:
     assert {s for s, nexts in TRANSITIONS.items() if not nexts} == TERMINAL
     for state in RunState:  # and every life can end
         assert any(end in paths_from(state) for end in TERMINAL), state
+
+
+def test_a_body_once_over_does_not_come_back() -> None:
+    """The job's ``running`` is read off its tick's state (``BODY_STATES``): it turns
+    false once, as the body ends, and never true again in the same life."""
+    assert {S.DUE, S.ACQUIRING, S.RUNNING, S.LOST, S.TIMED_OUT} == BODY_STATES
+    for state in RunState:
+        if state not in BODY_STATES:
+            assert not (paths_from(state) & BODY_STATES), state
+    # Every body state can still reach the end of its body (or the end of the life).
+    for state in BODY_STATES:
+        assert paths_from(state) - BODY_STATES, state
 
 
 def paths_from(state: RunState) -> set[RunState]:

@@ -22,11 +22,13 @@ import multilock._scheduling.scheduler
 from multilock import EventKind, JobEvent, ManualClock, Scheduler, current_run, every
 from multilock._locks.memory import AsyncMemoryLocker
 from multilock._scheduling.jobs import Overlap
+from multilock._scheduling.run_states import RunLifecycle, RunState
 from multilock._scheduling.runs import Run
 from multilock._scheduling.scheduler import _JobState
 from multilock.abc import AsyncLease
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, ConfigurationError
+from multilock.testing import apoll, poll
 
 T0 = 1_800_000_000.0  # a whole multiple of every interval used here
 
@@ -50,11 +52,11 @@ async def settle(rounds: int = 50) -> None:
 
 async def until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
     """Poll ``check`` until true, or fail naming ``what`` (for work in worker threads)."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {within}s: {what}")
-        await asyncio.sleep(0.002)
+
+    async def probe() -> bool:
+        return check()
+
+    await apoll(what, probe, within, every=0.002)
 
 
 class Events:
@@ -83,6 +85,7 @@ def scheduler(
 ) -> Scheduler:
     """A scheduler on ``lock`` with metrics off and ``events`` listening."""
     options.setdefault("stop_timeout", 2)  # a lease hold left pending at exit costs this
+    options.setdefault("tick_claims", False)  # the hold path (claims: test_tick_claims.py)
     made = Scheduler(lock, clock=clock, metrics=False, **options)  # type: ignore[arg-type]
     made.add_listener(events)
     return made
@@ -326,22 +329,29 @@ def test_default_misfire_grace_drops_a_tick_after_a_long_pause() -> None:
 
 def test_the_next_tick_takes_over_a_lease_still_held() -> None:
     """The hand-over rule, on the job state itself: under load the next tick can be due
-    before the previous tick's hold ended; it then runs under that lease."""
+    before the previous tick's hold ended; it then runs under that lease. What the job
+    state says (ready, running, holding) is read off its current tick's state."""
     url = namespace()
     job = Scheduler(url, clock=manual(), metrics=False).add_job(nothing, every(seconds=10))
 
     def ready(state: _JobState) -> bool:
         return state.ready  # read through a call: each assert sees the state anew
 
+    def running(state: _JobState) -> bool:
+        return state.running
+
     class Holder:
         """A finished run in its hold: what take_hold hands over."""
 
-        def __init__(self, lease: AsyncLease) -> None:
-            self.lease = lease
+        def __init__(self, life: RunLifecycle[_JobState], lease: AsyncLease) -> None:
+            self.life, self.lease = life, lease
             self.handed = False
+            life.run = cast(Run, self)
+            life.hold()
 
         def handed_over(self) -> None:
             self.handed = True
+            self.life.finish()
 
     async def scenario() -> None:
         state = _JobState(job)
@@ -350,24 +360,40 @@ def test_the_next_tick_takes_over_a_lease_still_held() -> None:
         async with multilock.connect_async(url) as locker:
             lease = await locker.try_acquire("job")
             assert lease is not None
-            state.claim()
+            first = RunLifecycle(job, at(10), state)
+            state.claim(first)
+            assert not ready(state)  # claimed: its body is to come
+            assert running(state)
+            first.acquire()
+            first.start()
             assert not ready(state)  # the body runs
-            state.running = False
-            first = Holder(lease)
-            state.holder = cast(Run, first)  # the hold phase
+            assert running(state)
+            holder = Holder(first, lease)  # the hold phase
             assert ready(state)
+            assert not running(state)
+            assert state.holding is lease
             changed = state.changed()
-            assert state.take_hold() is lease
+            second = RunLifecycle(job, at(20), state)
+            assert state.take_hold(second) is lease
             assert changed.done()  # the old hold is woken, and finds the lease gone
-            assert first.handed
+            assert holder.handed
+            assert first.state is RunState.DONE
+            assert state.current is second
             assert not ready(state)  # the next tick's run is under way
-            assert state.take_hold() is None  # and nothing is left to take
-            state.running = False
-            state.holder = cast(Run, Holder(lease))
+            assert running(state)
+            assert state.take_hold(RunLifecycle(job, at(30), state)) is None  # nothing left
+            second.start()
+            Holder(second, lease)
             AsyncMemoryLocker(LockURL.parse(url)).revoke("job")
             assert not ready(state)  # a lost lease is not handed over: wait for its run to end
-            assert state.take_hold() is None
+            assert state.take_hold(RunLifecycle(job, at(30), state)) is None
             assert state.holding is lease
+            assert state.current is second
+            state.settle(first)  # an older tick's settling leaves the current one be
+            assert state.current is second
+            state.settle(second)
+            assert ready(state)
+            assert state.holding is None
 
     asyncio.run(scenario())
 
@@ -774,12 +800,9 @@ def test_background_thread_for_sync_applications() -> None:
     sched.add_job(lambda: runs.append(time.time()), every(seconds=0.1), name="fast")
     sched.start_in_background()
     try:
-        deadline = time.monotonic() + 5
-        while len(runs) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poll("three runs", lambda: len(runs) >= 3, 5)
     finally:
         sched.shutdown()
-    assert len(runs) >= 3
     assert not any(t.name == "multilock-scheduler" for t in threading.enumerate())
 
 

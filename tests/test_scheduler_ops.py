@@ -26,6 +26,7 @@ from multilock._scheduling.scheduler import PROBE_NAME
 from multilock.abc import AsyncLease
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
+from multilock.testing import poll
 
 T0 = 1_800_000_000.0
 REFUSED = "connection refused"
@@ -249,10 +250,17 @@ def test_an_outage_at_ticks_is_one_warning_then_counts_and_missed_runs() -> None
         assert value("multilock_job_missed_total", {**job, "cause": "backend_unavailable"}) == 7
 
 
-def test_an_outage_between_ticks_is_found_by_the_probe() -> None:
-    locker, clock = Switchable(namespace()), ManualClock(T0 + 1)
+def probing(locker: Switchable) -> tuple[ManualClock, Scheduler]:
+    """A scheduler of one hourly job on ``locker``, probing it every 10 s of a manual clock."""
+    clock = ManualClock(T0 + 1)
     sched = Scheduler(locker, clock=clock, metrics=False, probe_interval=10)  # type: ignore[arg-type]
     sched.add_job(nothing, every(hours=1), name="hourly")
+    return clock, sched
+
+
+def test_an_outage_between_ticks_is_found_by_the_probe() -> None:
+    locker = Switchable(namespace())
+    clock, sched = probing(locker)
 
     async def scenario() -> None:
         async with sched:
@@ -274,6 +282,35 @@ def test_an_outage_between_ticks_is_found_by_the_probe() -> None:
         ("INFO", f"backend reachable again after 40.0s, 3 more probes failed: {REFUSED}"),
     ]
     assert locker.probes == 6  # at start, then every 10 s
+
+
+class Stalling(Switchable):
+    """memory:// whose probe waits for ``answer`` (a server slow to answer)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.answer = asyncio.Event()
+        self.asked = asyncio.Event()
+
+    async def try_acquire(self, name: str, *, ttl: Any = None) -> AsyncLease | None:
+        if name == PROBE_NAME and self.probes:  # the start's probe answers at once
+            self.asked.set()
+            await self.answer.wait()
+        return await super().try_acquire(name, ttl=ttl)
+
+
+def test_a_probe_still_waiting_at_stop_reports_no_outage() -> None:
+    locker = Stalling(namespace())
+    clock, sched = probing(locker)
+
+    async def scenario() -> None:
+        async with sched:
+            clock.advance(10)
+            await asyncio.wait_for(locker.asked.wait(), 5)
+
+    with records() as kept:
+        asyncio.run(scenario())
+    assert lines(kept) == []  # stopping is not an outage
 
 
 def test_a_lost_lease_is_one_error_line() -> None:
@@ -315,18 +352,6 @@ def get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def poll_for(check: Any, what: str, within: float = 15.0) -> Any:
-    """``check()`` once truthy, polled until ``within`` seconds pass."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {within}s: {what}")
-        time.sleep(0.02)
-
-
 def test_healthz_and_readyz() -> None:
     locker = Switchable(namespace())
     sched = Scheduler(locker, metrics=False, probe_interval=0.1, stop_timeout=5)  # type: ignore[arg-type]
@@ -351,11 +376,11 @@ def test_healthz_and_readyz() -> None:
             assert get(f"{base}/healthz") == (200, "alive\n")
             assert get(f"{base}/readyz") == (200, "ready\n")
             locker.down = True
-            poll_for(lambda: get(f"{base}/readyz")[0] == 503, "/readyz says not ready")
+            poll("/readyz says not ready", lambda: get(f"{base}/readyz")[0] == 503, 15)
             assert get(f"{base}/readyz") == (503, f"backend unreachable: {REFUSED}\n")
             assert get(f"{base}/healthz") == (200, "alive\n")  # alive, only not ready
             locker.down = False
-            poll_for(lambda: get(f"{base}/readyz")[0] == 200, "/readyz ready again")
+            poll("/readyz ready again", lambda: get(f"{base}/readyz")[0] == 200, 15)
             assert get(f"{base}/nope")[0] == 404
             hogging.set()
             assert hogs.wait(10)
@@ -404,7 +429,7 @@ def test_sync_jobs_run_on_the_schedulers_pool_and_a_crowd_is_visible() -> None:
     with records(logging.WARNING) as kept:
         sched.start_in_background()
         try:
-            poll_for(lambda: len(events.of(EventKind.SUCCEEDED)) == 4, "four runs succeeded", 20)
+            poll("four runs succeeded", lambda: len(events.of(EventKind.SUCCEEDED)) == 4, 20)
         finally:
             sched.shutdown()
     assert all(name.startswith("multilock-job") for name in threads.values()), threads
@@ -470,12 +495,12 @@ def test_a_session_ended_by_the_server_is_one_error_line(postgres_url: str) -> N
         sched.start_in_background()
         try:
             assert running.wait(10)
-            pid = poll_for(lambda: _advisory_holder(postgres_url, name), "the lock is held")
+            pid = poll("the lock is held", lambda: _advisory_holder(postgres_url, name), 15)
             assert terminate(LockURL.parse(postgres_url), pid)
-            poll_for(lambda: events.of(EventKind.LEASE_LOST), "lease_lost", 20)
+            poll("lease_lost", lambda: events.of(EventKind.LEASE_LOST), 20)
             succeeded = len(events.of(EventKind.SUCCEEDED))
             # The probes and ticks that follow add nothing at WARNING or above.
-            poll_for(lambda: len(events.of(EventKind.SUCCEEDED)) >= succeeded + 2, "2 more runs")
+            poll("2 more runs", lambda: len(events.of(EventKind.SUCCEEDED)) >= succeeded + 2, 15)
         finally:
             sched.shutdown()
     loud = [(level, text) for level, text in lines(kept) if level in ("WARNING", "ERROR")]

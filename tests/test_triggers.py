@@ -276,3 +276,45 @@ def test_bad_scheduler_settings_are_refused() -> None:
         Scheduler("memory://x", coordination="raft")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="invalid skew_tolerance"):
         Scheduler("memory://x", skew_tolerance="0s")
+
+
+def test_jobs_of_one_cron_expression_share_its_trigger_and_its_answers() -> None:
+    # 100,000 daily crons start in seconds only if the jobs of an expression compute its
+    # fire times once: one trigger per expression, which remembers its last answer.
+    shared = cron("30 3 * * *")
+    assert cron(" 30  3 * * * ") is shared
+    assert cron("30 3 * * *", seconds=False) is shared
+    assert cron("0 30 3 * * *", seconds=True) is not shared
+    fresh = type(shared)(shared.expr, shared.seconds)  # no memory of earlier answers
+    start = utc(2026, 3, 1, 3, 29, 59)
+    for step in range(0, 3 * 86_400, 3_607):  # before, on and after fire times
+        after = start + timedelta(seconds=step, microseconds=step % 7)
+        for tz in (UTC_ZONE, KYIV):
+            assert shared.next_fire(after, tz, "a") == fresh.next_fire(after, tz, "b")
+
+
+@pytest.mark.parametrize("tz", [UTC_ZONE, KYIV])
+def test_next_fires_walk_as_next_fire_does(tz: ZoneInfo) -> None:
+    trigger = cron("*/20 2,3 * * *")  # Kyiv: through the DST change of 2026-03-29
+    after = utc(2026, 3, 27)
+    assert trigger.next_fires(after, tz, 40) == fires(trigger, after, 40, tz)
+
+
+@pytest.mark.parametrize(
+    ("trigger", "skew", "refused"),
+    [
+        (cron("* * * * *"), 29.9, False),  # a minute apart: shorter checks need no walk
+        (cron("* * * * *"), 30.0, True),
+        (cron("*/20 * * * * *", seconds=True), 9.9, False),
+        (cron("*/20 * * * * *", seconds=True), 10.0, True),
+    ],
+)
+def test_a_cron_faster_than_twice_the_skew_tolerance_is_refused(
+    trigger: object, skew: float, refused: bool
+) -> None:
+    scheduler = Scheduler("memory://cron-gaps", skew_tolerance=skew, metrics=False)
+    if refused:
+        with pytest.raises(ConfigurationError, match="shortest interval between its fire times"):
+            scheduler.add_job(_noop, trigger)  # type: ignore[arg-type]
+    else:
+        scheduler.add_job(_noop, trigger)  # type: ignore[arg-type]

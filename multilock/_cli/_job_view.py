@@ -8,6 +8,7 @@ from typing import Any
 
 from .._masking import mask_text
 from .._scheduling.events import EventKind, JobEvent
+from .._scheduling.jobs import Job
 from .._scheduling.scheduler import Scheduler
 
 __all__ = ["LastOutcomes", "job_rows"]
@@ -62,7 +63,7 @@ def job_rows(
                 "name": job.name,
                 "trigger": repr(job.trigger),
                 "timezone": str(job.timezone),
-                "mode": _mode(scheduler, job.distributed),
+                "mode": _mode(scheduler, job),
                 "next": fires,
                 "last": outcomes.of(job.name) if outcomes is not None else None,
             }
@@ -70,7 +71,7 @@ def job_rows(
     return rows
 
 
-def _mode(scheduler: Scheduler, distributed: bool) -> str:
-    if not distributed:
-        return "local"
-    return "leader" if scheduler.coordination == "leader" else "lock"
+def _mode(scheduler: Scheduler, job: Job) -> str:
+    """``local``, ``leader``, ``lock+claim`` (ticks claimed) or ``lock+hold``."""
+    path = scheduler.tick_path(job)
+    return path if path in ("local", "leader") else f"lock+{path}"

@@ -13,24 +13,30 @@ own thread does the I/O) may also implement ``_start_try_acquire`` and
 :class:`Outcome`, which the base awaits with no task of its own and which the
 caller's cancellation cannot cut short. Those that don't keep the task path
 (``_try_acquire``, ``_release``).
+
+The bases implement the optional fast paths of :mod:`multilock.abc` on top of those
+hooks (``try_acquire_many_started``, ``release_started``, ``release_many``,
+``watch_released``): a backend overrides ``_start_*``, ``_release_leases`` or
+``watch_released`` and the scheduler finds them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Self, TypeVar, cast
 
 from .._durations import MAX_DURATION, Duration, parse_duration
 from .._signal import LostSignal
 from .._url import LockURL
-from ..abc import Capability, LockInfo
+from ..abc import AsyncLease, Capability, LockInfo, TickTime
 from ..errors import ConfigurationError, InvalidLockName, LockLost, LockTimeout, MultilockError
 from .holds import AsyncHold, Hold
 from .outcome import Outcome, finish_shielded, in_task, undo_on_cancel, wait_finished
@@ -47,6 +53,7 @@ __all__ = [
     "ReleaseWatch",
     "check_name",
     "new_token",
+    "tick_micros",
 ]
 
 T = TypeVar("T")
@@ -186,13 +193,14 @@ class AsyncLeaseBase(_LeaseState):
         return await wait_finished(in_task(self._release()) if started is None else started)
 
     # async-only: an Outcome is an asyncio future
-    def _release_started(self) -> Outcome[bool] | None:
+    def release_started(self) -> Outcome[bool] | None:
         """:meth:`release` for a caller that cannot await (the scheduler ending a lease
-        hold from a timer): the release starts now and its :class:`Outcome` is returned.
-        ``None``, with nothing done, when the backend has no ``_start_release``: await
-        :meth:`release` then."""
+        hold from a timer): the release starts now and its :class:`Outcome` is returned
+        (:class:`~multilock.abc.SupportsReleaseStarted`). ``None``, with nothing done,
+        when the backend has no ``_start_release`` (await :meth:`release` then), or
+        when the lease was released already (``release()`` answers ``False``)."""
         if self._released:
-            return None  # release() answers False at once
+            return None
         self._released = True
         started = self._start_release()
         if started is None:
@@ -256,6 +264,26 @@ def _shown(name: str) -> str:
     return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def tick_micros(fire: object) -> int:
+    """A tick's fire time (an aware datetime, or epoch seconds) as whole microseconds
+    since the epoch: what a claim mark stores, exact and alike on every replica."""
+    if isinstance(fire, datetime):
+        if fire.tzinfo is None:
+            raise ConfigurationError(
+                f"the fire time {fire.isoformat()} has no timezone: give an aware datetime"
+            )
+        return (fire - _EPOCH) // _MICROSECOND
+    if isinstance(fire, int | float) and not isinstance(fire, bool) and math.isfinite(fire):
+        return round(fire * 1_000_000)
+    raise ConfigurationError(
+        f"invalid fire time {fire!r}: expected an aware datetime or epoch seconds"
+    )
+
+
 FIRST_WAIT = 0.005
 """Seconds a waiting acquire first waits between two tries (then twice as long each time)."""
 POLL_CAP = 0.25
@@ -316,7 +344,7 @@ class Patience:
 
 
 class AsyncReleaseWatch:
-    """What a waiting acquire waits on between two tries (``_watch_released``).
+    """What a waiting acquire waits on between two tries (``watch_released``).
 
     This one only sleeps: the kit then polls with backoff. A backend told of releases
     returns its own, which listens from before a try -- from ``__aenter__`` (before the
@@ -371,6 +399,9 @@ class ReleaseWatch:
 
 class _LockerCommon:
     capabilities: frozenset[Capability] = frozenset()
+    claim_retention: float | None = None
+    """Seconds a tick claim's mark is kept after its last claim (``None``: as long as the
+    backend keeps its data); only meaningful with ``TICK_CLAIM``."""
     max_name_length: int | None = None  # in UTF-8 bytes, where the backend has a limit
     max_ttl: float = MAX_DURATION  # in seconds; a backend with a lower limit sets its own
 
@@ -405,6 +436,17 @@ class _LockerCommon:
         if len(set(checked)) != len(checked):
             raise InvalidLockName("try_acquire_many was given the same name twice")
         return checked
+
+    def _ticks(self, ticks: Mapping[str, TickTime]) -> tuple[list[str], list[int]]:
+        """``claim_ticks``'s names and fire times (in microseconds), checked before any
+        server is asked; :class:`MultilockError` on a backend without ``TICK_CLAIM``."""
+        if Capability.TICK_CLAIM not in self.capabilities:
+            raise MultilockError(
+                f"{self._url.scheme}:// does not declare Capability.TICK_CLAIM: it cannot claim"
+                " ticks (hold the lock instead)"
+            )
+        names = self._names(ticks)
+        return names, [tick_micros(ticks[name]) for name in names]
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
@@ -442,10 +484,11 @@ class LockerBase(_LockerCommon):
             self._closed = True
             self._close()
 
-    def _release_many(self, leases: Sequence[LeaseBase]) -> None:
+    def release_many(self, leases: Sequence[LeaseBase]) -> None:
         """Release ``leases`` (all of this locker) as ``release()`` each would, in one
         round trip where the backend overrides ``_release_leases``: for the scheduler,
-        whose lease holds end together. The first error is raised after the rest."""
+        whose lease holds end together (:class:`~multilock.abc.SupportsReleaseMany`).
+        The first error is raised after the rest."""
         pending = [lease for lease in leases if not lease._released]
         for lease in pending:
             lease._released = True
@@ -458,7 +501,7 @@ class LockerBase(_LockerCommon):
         """A lease on ``name``, waiting until it is free: at most ``timeout`` (``None``:
         as long as it takes; ``0``: one try), then :class:`~multilock.errors.LockTimeout`.
 
-        Woken by the release where the backend can tell (``_watch_released``), else
+        Woken by the release where the backend can tell (``watch_released``), else
         polling with jittered backoff. A wait that times out or is cancelled leaves
         nothing held and nothing queued.
         """
@@ -466,7 +509,7 @@ class LockerBase(_LockerCommon):
         patience = Patience(checked, timeout)
         lease = None
         try:
-            with self._watch_released(checked) as watch:
+            with self.watch_released(checked) as watch:
                 while (lease := self.try_acquire(checked, ttl=seconds)) is None:
                     watch.wait(patience.next_wait(watch.wakes))
         except BaseException:
@@ -477,10 +520,31 @@ class LockerBase(_LockerCommon):
             raise
         return lease
 
-    def _watch_released(self, name: str) -> ReleaseWatch:
-        """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`).
-        By default one that only sleeps: the waiting acquire polls."""
+    def watch_released(self, name: str) -> ReleaseWatch:
+        """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`
+        and :class:`~multilock.abc.SupportsWatchReleased`). By default one that only
+        sleeps: the waiting acquire polls."""
         return ReleaseWatch()
+
+    def claim_ticks(self, ticks: Mapping[str, TickTime]) -> dict[str, bool]:
+        """Claim each ``(name, fire time)`` (backends declaring ``TICK_CLAIM``): ``True``
+        for the claims won, in order -- the name's mark was below the fire time and is
+        now at it (see :class:`multilock.abc.SupportsTickClaims`)."""
+        names, fires = self._ticks(ticks)
+        if not names:
+            return {}
+        won = self._claim_ticks(names, fires)
+        return dict(zip(names, won, strict=True))
+
+    def claim_tick(self, name: str, fire: TickTime) -> bool:
+        """Whether this call won the tick ``(name, fire)``: ``claim_ticks`` of one."""
+        won = self.claim_ticks({name: fire})
+        return won[name]
+
+    def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        """Raise each name's mark to its fire time (microseconds) where it is below, in
+        one atomic step per name; whether each was raised. Backends with ``TICK_CLAIM``."""
+        raise NotImplementedError
 
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
         raise NotImplementedError
@@ -547,7 +611,7 @@ class AsyncLockerBase(_LockerCommon):
         """A lease on ``name``, waiting until it is free: at most ``timeout`` (``None``:
         as long as it takes; ``0``: one try), then :class:`~multilock.errors.LockTimeout`.
 
-        Woken by the release where the backend can tell (``_watch_released``), else
+        Woken by the release where the backend can tell (``watch_released``), else
         polling with jittered backoff. A wait that times out or is cancelled leaves
         nothing held and nothing queued.
         """
@@ -555,7 +619,7 @@ class AsyncLockerBase(_LockerCommon):
         patience = Patience(checked, timeout)
         lease = None
         try:
-            async with self._watch_released(checked) as watch:
+            async with self.watch_released(checked) as watch:
                 while (lease := await self.try_acquire(checked, ttl=seconds)) is None:
                     await watch.wait(patience.next_wait(watch.wakes))
         except BaseException:
@@ -566,20 +630,24 @@ class AsyncLockerBase(_LockerCommon):
             raise
         return lease
 
-    def _watch_released(self, name: str) -> AsyncReleaseWatch:
-        """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`).
-        By default one that only sleeps: the waiting acquire polls."""
+    def watch_released(self, name: str) -> AsyncReleaseWatch:
+        """Optional: a watch woken when ``name`` is released (see :class:`AsyncReleaseWatch`
+        and :class:`~multilock.abc.SupportsWatchReleased`). By default one that only
+        sleeps: the waiting acquire polls."""
         return AsyncReleaseWatch()
 
     # async-only
-    def _try_acquire_many_started(
-        self, names: Iterable[str], ttl: float
-    ) -> Outcome[dict[str, AsyncLeaseBase | None]] | None:
+    def try_acquire_many_started(
+        self, names: Iterable[str], *, ttl: Duration | None = None
+    ) -> Outcome[Mapping[str, AsyncLease | None]] | None:
         """:meth:`try_acquire_many` for a caller that cannot await (the scheduler, from
         its loop timer): the acquire started now, or ``None``, with nothing done, when
-        the backend cannot start it at once. Whoever drops the outcome unread must
-        still release what it grants (:func:`undo_on_cancel` does)."""
-        return self._start_try_acquire_many(self._names(names), self._ttl(ttl))
+        the backend cannot start it at once
+        (:class:`~multilock.abc.SupportsAcquireManyStarted`). Whoever drops the outcome
+        unread must still release what it grants (:func:`undo_on_cancel` does)."""
+        started = self._start_try_acquire_many(self._names(names), self._ttl(ttl))
+        # A dict of the kit's leases is such a mapping: Future is only invariant in name.
+        return cast("Outcome[Mapping[str, AsyncLease | None]] | None", started)
 
     # sync-by-hand: the sync form's hold is a `with` block, this one's `async with`
     def hold(
@@ -600,6 +668,60 @@ class AsyncLockerBase(_LockerCommon):
         if not self._closed:
             self._closed = True
             await finish_shielded(self._close())
+
+    async def claim_ticks(self, ticks: Mapping[str, TickTime]) -> dict[str, bool]:
+        """Claim each ``(name, fire time)`` (backends declaring ``TICK_CLAIM``): ``True``
+        for the claims won, in order -- the name's mark was below the fire time and is
+        now at it (see :class:`multilock.abc.SupportsTickClaims`)."""
+        names, fires = self._ticks(ticks)
+        if not names:
+            return {}
+        won = await self._claim_ticks(names, fires)
+        return dict(zip(names, won, strict=True))
+
+    async def claim_tick(self, name: str, fire: TickTime) -> bool:
+        """Whether this call won the tick ``(name, fire)``: ``claim_ticks`` of one."""
+        won = await self.claim_ticks({name: fire})
+        return won[name]
+
+    async def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        """Raise each name's mark to its fire time (microseconds) where it is below, in
+        one atomic step per name; whether each was raised. Backends with ``TICK_CLAIM``."""
+        raise NotImplementedError
+
+    # async-only
+    def claim_ticks_started(
+        self, ticks: Mapping[str, TickTime]
+    ) -> Outcome[Mapping[str, bool]] | None:
+        """:meth:`claim_ticks` for a caller that cannot await (the scheduler, from its
+        loop timer): the claim started now, or ``None``, with nothing done, when the
+        backend cannot start it at once (:class:`~multilock.abc.SupportsClaimTicksStarted`)."""
+        if type(self)._start_claim_ticks is AsyncLockerBase._start_claim_ticks:
+            return None  # no hook: nothing to check twice (the caller awaits claim_ticks)
+        names, fires = self._ticks(ticks)
+        started = self._start_claim_ticks(names, fires) if names else None
+        if started is None:
+            return None
+        claimed: Outcome[Mapping[str, bool]] = Outcome(loop=started.get_loop())
+
+        def settle(done: asyncio.Future[list[bool]]) -> None:
+            error = done.exception()
+            if error is not None:
+                claimed.set_exception(error)
+            else:
+                claimed.set_result(dict(zip(names, done.result(), strict=True)))
+
+        if started.done():
+            settle(started)  # no loop turn for an answer already there
+        else:
+            started.add_done_callback(settle)
+        return claimed
+
+    # async-only
+    def _start_claim_ticks(self, names: list[str], fires: list[int]) -> Outcome[list[bool]] | None:
+        """Optional: send the claims now and return the :class:`Outcome` of what
+        ``_claim_ticks()`` would return; ``None``: use ``_claim_ticks()`` (awaited)."""
+        return None
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         raise NotImplementedError
@@ -656,11 +778,12 @@ class AsyncLockerBase(_LockerCommon):
         return result
 
     # sync-by-hand: shielded from the caller's cancellation
-    async def _release_many(self, leases: Sequence[AsyncLeaseBase]) -> None:
+    async def release_many(self, leases: Sequence[AsyncLeaseBase]) -> None:
         """Release ``leases`` (all of this locker) as ``release()`` each would, in one
         round trip where the backend overrides ``_release_leases``: for the scheduler,
-        whose lease holds end together. Finishes even if the caller is cancelled; the
-        first error is raised after the rest."""
+        whose lease holds end together (:class:`~multilock.abc.SupportsAsyncReleaseMany`).
+        Finishes even if the caller is cancelled; the first error is raised after the
+        rest."""
         pending = [lease for lease in leases if not lease._released]
         for lease in pending:
             lease._released = True

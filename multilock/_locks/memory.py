@@ -42,6 +42,7 @@ class _Namespace:
         self.guard = threading.Lock()
         self.holders: dict[str, _LeaseState] = {}
         self.fences: dict[str, int] = {}
+        self.marks: dict[str, int] = {}  # tick claims: name -> latest fire time claimed (us)
         # The waiting acquires of each name: called (outside the guard) once it is freed.
         self.waiters: dict[str, set[Callable[[], None]]] = {}
 
@@ -63,22 +64,45 @@ class _Namespace:
         for wake in waiting:
             wake()
 
-    def take(self, name: str, make: Any) -> Any:
+    def take(self, name: str, cls: type[_LeaseState], mine: set[_LeaseState]) -> Any:
+        """A lease of ``cls`` on ``name`` for a locker whose leases are ``mine``, or
+        ``None`` when the name is held."""
         with self.guard:
             if name in self.holders:
                 return None
             fence = self.fences.get(name, 0) + 1
             self.fences[name] = fence
-            lease = make(fence)
+            lease = cls(name, name, new_token(), fence)
+            lease._space = self  # type: ignore[attr-defined]
+            lease._mine = mine  # type: ignore[attr-defined]
             self.holders[name] = lease
-            return lease
+        mine.add(lease)
+        return lease
+
+    def claim(self, names: list[str], fires: list[int]) -> list[bool]:
+        won = []
+        with self.guard:
+            for name, fire in zip(names, fires, strict=True):
+                mark = self.marks.get(name)
+                won.append(mark is None or mark < fire)
+                if won[-1]:
+                    self.marks[name] = fire
+        return won
 
     def drop(self, lease: _LeaseState) -> bool:
+        name = lease.name
         with self.guard:
-            if self.holders.get(lease.name) is not lease:
+            if self.holders.get(name) is not lease:
                 return False  # compare-and-delete: a stale lease never frees the new holder
-            del self.holders[lease.name]
-        self._freed(lease.name)
+            del self.holders[name]
+            # Read under the same guard (not _freed's second one): most names have no
+            # waiter, and a release is on the scheduler's path once per run.
+            waiting = self.waiters.get(name)
+            if not waiting:
+                return True
+            woken = list(waiting)
+        for wake in woken:
+            wake()
         return True
 
     def revoke(self, name: str, reason: str) -> bool:
@@ -207,8 +231,10 @@ class _MemoryCommon:
             Capability.LOST_SIGNAL,
             Capability.INTROSPECTION,
             Capability.BATCH,
+            Capability.TICK_CLAIM,
         }
     )
+    # claim_retention: None (the kit's), marks live as long as the process
 
     def _setup(self, url: LockURL) -> float:
         values, _ = _OPTIONS.parse(url)
@@ -217,16 +243,7 @@ class _MemoryCommon:
         return float(values["ttl"])
 
     def _take(self, name: str, cls: type[_LeaseState]) -> Any:
-        def make(fence: int) -> _LeaseState:
-            lease = cls(name, name, new_token(), fence)
-            lease._space = self._space  # type: ignore[attr-defined]
-            lease._mine = self._mine  # type: ignore[attr-defined]
-            return lease
-
-        lease = self._space.take(name, make)
-        if lease is not None:
-            self._mine.add(lease)
-        return lease
+        return self._space.take(name, cls, self._mine)
 
     def revoke(self, name: str, reason: str = "revoked") -> bool:
         """Take ``name`` away from whoever holds it here; their ``lost`` fires."""
@@ -256,8 +273,12 @@ class MemoryLocker(_MemoryCommon, LockerBase):
         lease: LeaseBase | None = self._take(name, MemoryLease)
         return lease
 
-    def _watch_released(self, name: str) -> MemoryWatch:
+    def watch_released(self, name: str) -> MemoryWatch:
+        """A watch woken as soon as ``name`` is released in this namespace."""
         return MemoryWatch(self._space, name)
+
+    def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        return self._space.claim(names, fires)
 
     def _close(self) -> None:
         self._drop_all()
@@ -285,8 +306,16 @@ class AsyncMemoryLocker(_MemoryCommon, AsyncLockerBase):
         # All in one go, settled at once: no task, nothing to await between names.
         return _settled({name: self._take(name, AsyncMemoryLease) for name in names})
 
-    def _watch_released(self, name: str) -> AsyncMemoryWatch:
+    def watch_released(self, name: str) -> AsyncMemoryWatch:
+        """A watch woken as soon as ``name`` is released in this namespace."""
         return AsyncMemoryWatch(self._space, name)
+
+    async def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        return self._space.claim(names, fires)
+
+    # async-only: settled at once, so the scheduler claims from its timer, without a task
+    def _start_claim_ticks(self, names: list[str], fires: list[int]) -> Outcome[list[bool]]:
+        return _settled(self._space.claim(names, fires))
 
     async def _close(self) -> None:
         self._drop_all()

@@ -18,6 +18,7 @@ __all__ = [
     "Outcome",
     "finish_shielded",
     "in_task",
+    "settle_in_task",
     "undo_on_cancel",
     "wait_finished",
     "wait_settled",
@@ -62,9 +63,18 @@ def in_task(work: Awaitable[T]) -> Outcome[T]:
     task ends, and only then is the caller woken.
     """
     outcome: Outcome[T] = Outcome()
-    # The outcome keeps the task alive: the loop itself holds tasks only weakly.
-    outcome.task = asyncio.ensure_future(_settle(work, outcome))
+    settle_in_task(outcome, work)
     return outcome
+
+
+def settle_in_task(
+    outcome: Outcome[T], work: Awaitable[T], loop: asyncio.AbstractEventLoop | None = None
+) -> None:
+    """Run ``work`` in a task of its own (on ``loop``, else the running one) that settles
+    ``outcome`` as it ends: how a call started without a task hands over to its task
+    path when something unusual happens."""
+    # The outcome keeps the task alive: the loop itself holds tasks only weakly.
+    outcome.task = (loop or asyncio.get_running_loop()).create_task(_settle(work, outcome))
 
 
 async def _settle(work: Awaitable[T], outcome: Outcome[T]) -> None:

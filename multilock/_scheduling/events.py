@@ -51,6 +51,9 @@ class JobEvent:
     """The exception of ``failed``; the ``BackendUnavailable`` of a ``missed`` tick."""
     reason: str | None = None
     """Why a tick was skipped, missed or lost."""
+    tick_path: str | None = None
+    """How the tick was made to run once across replicas: ``"claim"`` (claimed on the
+    backend), ``"hold"`` (the lock held past the tick), ``"leader"`` or ``"local"``."""
 
 
 Listener = Callable[[JobEvent], object]
@@ -101,6 +104,7 @@ def emit(event: JobEvent, listeners: list[Listener], *, logged: bool = True) -> 
             "replica_id": event.replica_id,
             "outcome": event.kind.value,
             "duration": event.duration,
+            "tick_path": event.tick_path,
         }
         detail = f" in {event.duration:.3f}s" if event.duration is not None else ""
         if event.reason:

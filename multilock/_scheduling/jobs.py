@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
@@ -16,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 from .._durations import Duration, parse_duration
 from ..errors import ConfigurationError
-from .triggers import Trigger
+from .triggers import CronTrigger, Trigger
 from .walltime import as_timezone
 
 __all__ = ["Job", "JobDefaults", "JobOptions", "Overlap", "RunContext", "current_run", "make_job"]
@@ -157,21 +158,45 @@ def validate_schedule(job: Job, now: datetime, skew_tolerance: float) -> None:
         raise ConfigurationError(f"job {job.name!r}: trigger {job.trigger!r} never fires")
     if not job.distributed:
         return
-    shortest: timedelta | None = None
-    previous = first
-    for _ in range(_SAMPLES):
-        following = job.next_fire(previous)
-        if following is None:
-            break
-        gap = following - previous
-        shortest = gap if shortest is None else min(shortest, gap)
-        previous = following
+    trigger = job.trigger
+    if isinstance(trigger, CronTrigger):  # no seed: jobs sharing the expression share this
+        if not trigger.seconds and job.timezone.key == "UTC" and 2 * skew_tolerance < 60:
+            return  # its fires are distinct whole minutes of UTC: 60 s apart at least
+        shortest = _cron_shortest_gap(trigger, job.timezone, first)
+    else:
+        shortest = _shortest_gap(trigger, job.timezone, job.name, first)
     if shortest is not None and shortest.total_seconds() <= 2 * skew_tolerance:
         raise ConfigurationError(
             f"job {job.name!r}: skew_tolerance {skew_tolerance:g}s lets two replicas' clocks"
             f" differ by {2 * skew_tolerance:g}s, which must be shorter than the shortest"
             f" interval between its fire times ({shortest.total_seconds():g}s)"
         )
+
+
+def _shortest_gap(trigger: Trigger, tz: ZoneInfo, seed: str, first: datetime) -> timedelta | None:
+    """The shortest interval between ``first`` and the ``_SAMPLES`` fire times after it."""
+    fires = [first]
+    for _ in range(_SAMPLES):
+        following = trigger.next_fire(fires[-1], tz, seed)
+        if following is None:
+            break
+        fires.append(following)
+    return _shortest(fires)
+
+
+def _cron_shortest_gap(trigger: CronTrigger, tz: ZoneInfo, first: datetime) -> timedelta | None:
+    """:func:`_shortest_gap` of a cron, remembered by the trigger (shared by the jobs of its
+    expression) for the last ``(tz, first)`` asked: they are added one after the other."""
+    memo = trigger.gap_memo
+    if memo is not None and memo[0] == tz and memo[1] == first:
+        return memo[2]
+    shortest = _shortest([first, *trigger.next_fires(first, tz, _SAMPLES)])
+    trigger.gap_memo = (tz, first, shortest)
+    return shortest
+
+
+def _shortest(fires: list[datetime]) -> timedelta | None:
+    return min((after - before for before, after in itertools.pairwise(fires)), default=None)
 
 
 _EVENT_GUARD = threading.Lock()

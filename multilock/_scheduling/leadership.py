@@ -28,7 +28,14 @@ from .._locks.outcome import finish_shielded
 from .._locks.sync_adapter import AsyncView
 from .._masking import masked_line
 from .._signal import LostSignal
-from ..abc import AsyncDistributedLock, AsyncLease, Capability, DistributedLock
+from ..abc import (
+    AsyncDistributedLock,
+    AsyncLease,
+    AsyncWatch,
+    Capability,
+    DistributedLock,
+    SupportsWatchReleased,
+)
 from ..errors import BackendUnavailable, ConfigurationError, LockLost
 from .clock import Clock, SystemClock
 from .repeats import Repeats
@@ -145,10 +152,10 @@ class Campaign:
         logger: logging.Logger = log,
         woken: bool = False,
     ) -> None:
-        self.locker = locker
         # Whether a follower's wait ends early when the backend announces a release
         # (the waiting acquire's watch, where the locker has one); real time only.
         self._woken = woken
+        self.locker = locker
         self._answered = answered  # the backend answered
         self._unanswered = unanswered  # it did not: True if that is news to log
         self.name = name
@@ -170,6 +177,21 @@ class Campaign:
         self.revoked.set("not elected yet")
         self._term: asyncio.Task[object] | None = None  # on_elected's awaitable, if any
         self._failing = Repeats(logger, clock)
+
+    @property
+    def locker(self) -> AsyncDistributedLock:
+        """The locker the campaign competes on (replaceable while not running)."""
+        return self._locker
+
+    @locker.setter
+    def locker(self, locker: AsyncDistributedLock) -> None:
+        self._locker = locker
+        # Looked up once per locker, not at every term.
+        self._watch_released = (
+            locker.watch_released
+            if self._woken and isinstance(locker, SupportsWatchReleased)
+            else None
+        )
 
     @property
     def held(self) -> bool:
@@ -198,14 +220,14 @@ class Campaign:
             if watch is not None:
                 await finish_shielded(_leave_watch(watch, self._log))
 
-    async def _watch(self) -> AsyncReleaseWatch | None:
+    async def _watch(self) -> AsyncWatch | None:
         """The locker's release watch, entered (before the first try: no release is
         missed between a refusal and the wait), or ``None``: sleep between tries."""
-        make = getattr(self.locker, "_watch_released", None) if self._woken else None
+        make = self._watch_released
         if make is None:
             return None
         try:
-            watch: AsyncReleaseWatch = make(self.name)
+            watch = make(self.name)
             await watch.__aenter__()
         except Exception as exc:  # the polls still come: a wake-up is only a hint
             self._log.debug("leader election: no release watch: %s", masked_line(exc))
@@ -217,7 +239,7 @@ class Campaign:
             return None
         return watch
 
-    async def _pause(self, watch: AsyncReleaseWatch | None = None) -> None:
+    async def _pause(self, watch: AsyncWatch | None = None) -> None:
         wait = self.poll + (random.uniform(0, self.jitter) if self.jitter else 0.0)
         if watch is not None:
             try:
@@ -345,7 +367,7 @@ async def _reason(signal: LostSignal) -> str:
     return await signal
 
 
-async def _leave_watch(watch: AsyncReleaseWatch, logger: logging.Logger) -> None:
+async def _leave_watch(watch: AsyncWatch, logger: logging.Logger) -> None:
     try:
         await watch.__aexit__(None, None, None)
     except Exception as exc:  # it must leave nothing behind: said if it could not

@@ -22,30 +22,37 @@ class FireQueue(Generic[T]):
 
     def __init__(self) -> None:
         self._times: list[float] = []  # a heap; a time whose bucket emptied stays until it surfaces
-        self._buckets: dict[float, dict[str, T]] = {}
+        # A bucket holds keys only (an insertion-ordered set): a dict of strings is not
+        # tracked by the garbage collector, and jobs spread over the second make a new
+        # bucket per run; the items are in ``_items``, which lives as long as the queue.
+        self._buckets: dict[float, dict[str, None]] = {}
         self._when: dict[str, float] = {}
+        self._items: dict[str, T] = {}
 
     def put(self, key: str, when: float, item: T) -> None:
         """Make ``item`` (known as ``key``) due at ``when``, replacing its previous time."""
         self.discard(key)
         self._when[key] = when
+        self._items[key] = item
         bucket = self._buckets.get(when)
         if bucket is None:
             bucket = self._buckets[when] = {}
             heapq.heappush(self._times, when)
-        bucket[key] = item
+        bucket[key] = None
 
     def discard(self, key: str) -> None:
         """Forget ``key``'s item, if queued."""
         when = self._when.pop(key, None)
         if when is not None:
             self._buckets[when].pop(key, None)
+            del self._items[key]
 
     def clear(self) -> None:
         """Forget every item."""
         self._times.clear()
         self._buckets.clear()
         self._when.clear()
+        self._items.clear()
 
     def earliest(self) -> float | None:
         """When the next item is due, or ``None`` if none is queued."""
@@ -58,13 +65,12 @@ class FireQueue(Generic[T]):
 
     def pop_due(self, now: float) -> list[T]:
         """The items due at ``now`` or before, earliest first, taken out of the queue."""
-        times, when = self._times, self._when
+        times, when, items = self._times, self._when, self._items
         due: list[T] = []
         while times and times[0] <= now:
-            bucket = self._buckets.pop(heapq.heappop(times))
-            for key in bucket:
+            for key in self._buckets.pop(heapq.heappop(times)):
                 del when[key]
-            due += bucket.values()
+                due.append(items.pop(key))
         return due
 
     def __len__(self) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .jobs import Job
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .runs import Run
 
 __all__ = [
+    "BODY_STATES",
     "TRANSITIONS",
     "IllegalTransition",
     "JobState",
@@ -106,6 +107,12 @@ TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
 }
 """Every legal transition: a state's set of next states (empty: the life is over)."""
 
+BODY_STATES: frozenset[RunState] = frozenset(
+    {_S.DUE, _S.ACQUIRING, _S.RUNNING, _S.LOST, _S.TIMED_OUT}
+)
+"""The states of a tick whose body is still to come or still runs (a tick its job has
+claimed): what a job's ``overlap`` is about."""
+
 
 class IllegalTransition(RuntimeError):
     """A run was moved where :data:`TRANSITIONS` does not allow: a scheduler bug."""
@@ -119,16 +126,14 @@ class IllegalTransition(RuntimeError):
 
 
 class JobState(Protocol):
-    """What a run reads and changes of its job's state (the scheduler's ``_JobState``)."""
-
-    running: bool
-    holder: Run | None  # the run holding its lease: told when the next tick takes it over
+    """What a run tells its job's state (the scheduler's ``_JobState``, which derives
+    whether the job runs, is busy or holds a lease from its current tick's state)."""
 
     def notify(self) -> None:
         """Wake whoever waits for the state to change."""
 
-    def settle(self) -> None:
-        """The run is over and its lease released."""
+    def settle(self, tick: RunLifecycle[Any] | None = None) -> None:
+        """``tick``'s run is over and its lease released: the job is free again."""
 
 
 S = TypeVar("S", bound=JobState, covariant=True)
@@ -169,13 +174,15 @@ class RunLifecycle(Generic[S]):
     """One tick of one job (``job`` at ``fire``, ``job_state`` its job's state in this
     process) and the one owner of its :class:`RunState`: each transition is a method,
     named after the state it moves to, and raises :class:`IllegalTransition` where the
-    table forbids it."""
+    table forbids it. ``run`` is the :class:`~multilock._scheduling.runs.Run` watching
+    its body, from the body's start until the life is over (``finish`` drops it)."""
 
-    __slots__ = ("fire", "job", "job_state", "state")
+    __slots__ = ("fire", "job", "job_state", "run", "state")
 
     def __init__(self, job: Job, fire: datetime, job_state: S) -> None:
         self.job, self.fire, self.job_state = job, fire, job_state
         self.state = RunState.DUE
+        self.run: Run | None = None
 
     def __repr__(self) -> str:
         return f"<RunLifecycle {self.job.name} {self.fire.isoformat()} {self.state.value}>"
@@ -245,5 +252,6 @@ class RunLifecycle(Generic[S]):
         self._move(_RELEASING)
 
     def finish(self) -> None:
-        """The run is over."""
+        """The run is over (its :class:`Run` is let go: no cycle outlives it)."""
         self._move(_DONE)
+        self.run = None

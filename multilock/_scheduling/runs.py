@@ -14,6 +14,7 @@ callbacks cost a few function calls.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -31,6 +32,7 @@ from .run_states import JobState, RunLifecycle, RunState
 __all__ = ["Emit", "Run", "RunHost", "begin", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
+_HOLDING = RunState.HOLDING
 
 
 def begin(
@@ -74,7 +76,7 @@ class RunHost:
 
     clock: Clock
     emit: Emit
-    hold_until: Callable[[Job, datetime], float]
+    hold_until: Callable[[Job, datetime], float | None]
     """When (by the clock) the lease of the tick ``fire`` of ``job`` may be released."""
     hold_timers: Callable[[], SharedTimers[Run]]
     """Where a run's hold waits for its end (``Run.hold_ended`` at the deadline): one
@@ -83,6 +85,10 @@ class RunHost:
     """Release ``lease`` (soon, on the loop), then call ``then()``."""
     run_finished: Callable[[Run], None]
     """The run is over: body, hold and release."""
+    context: contextvars.Context
+    """Where the run's callbacks run (the scheduler's, from its start): one for every
+    run, where a callback added without one would copy the context, an object more per
+    run for the garbage collector."""
 
 
 class Run:
@@ -126,6 +132,7 @@ class Run:
         self._host = host
         self._loop = loop  # the scheduler's
         self.life = life
+        life.run = self  # what the job's state hands over, while the life is holding
         self.job, self.fire = life.job, life.fire
         self.lease, self.lost = lease, lost
         # Both dropped once the body is over: a finished task keeps its coroutine and
@@ -143,7 +150,7 @@ class Run:
         """Watch the body: its end, the lost signal, the job's timeout."""
         self._keepalive = keepalive
         assert self.body is not None
-        self.body.add_done_callback(self._body_done)
+        self.body.add_done_callback(self, context=self._host.context)
         if self.started is not None:
             self._arm_timeout(self.started)
         if self.lost is not None:
@@ -196,8 +203,6 @@ class Run:
         if self._cancel_timer is not None:
             self._cancel_timer()
             self._cancel_timer = None
-        state = self.life.job_state
-        state.running = False  # notified below, or by the hold
         error: BaseException | None = None
         reason: str | None = None
         if self._cut is not None:
@@ -213,10 +218,11 @@ class Run:
         self._host.emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
         if self.life.over:
             return  # ended at shutdown just before: the scheduler releases its lease
+        # The life moves on from its body states: the job no longer runs (the job's state
+        # reads that off the life); whoever waits for the job is woken once it is free.
         if self.lease is not None and kind is not EventKind.LEASE_LOST:
             self._hold(self.lease)
         else:
-            state.notify()
             self._release()
 
     # --- the hold ---------------------------------------------------------------------
@@ -224,16 +230,14 @@ class Run:
     def _hold(self, lease: AsyncLease) -> None:
         """Keep the lease until the hold ends, so that a replica firing this tick late
         finds it held; the next tick of this job may take it over meanwhile."""
-        state = self.life.job_state
-        if not lease.held:
-            state.notify()
+        until = self._host.hold_until(self.job, self.fire)
+        if until is None or not lease.held:  # None: no hold (the tick was claimed)
             self._release()
             return
-        self.life.hold()
-        state.holder = self  # holding ``lease``, which is ``self.lease``
-        state.notify()
-        self._hold_end = self._host.hold_until(self.job, self.fire)
-        self._host.hold_timers().add(self._hold_end, self)
+        self.life.hold()  # the job is ready again: the next tick may take ``lease`` over
+        self.life.job_state.notify()
+        self._hold_end = until
+        self._host.hold_timers().add(until, self)
 
     def handed_over(self) -> None:
         """The next tick's run took the lease over (``_JobState.take_hold``): the hold
@@ -243,9 +247,7 @@ class Run:
 
     def hold_ended(self) -> None:
         """The hold is over (its time came, or the lease was lost): release the lease."""
-        state = self.life.job_state
-        if state.holder is self:
-            state.holder = None
+        if self.life.state is _HOLDING:  # else handed over, or ended at shutdown
             self._end_hold()
             self._release()
 
@@ -276,7 +278,7 @@ class Run:
         if self._keepalive is not None:
             self._keepalive.cancel()
         if settle:
-            self.life.job_state.settle()
+            self.life.job_state.settle(self.life)
         self._host.run_finished(self)
 
     def abort(self) -> None:
@@ -287,17 +289,21 @@ class Run:
             self._stop_body(EventKind.FAILED, "stopped")
             if not isinstance(body, asyncio.Task):
                 log.warning("job %s: its worker thread is still running at shutdown", self.job.name)
-            body.remove_done_callback(self._body_done)
+            body.remove_done_callback(self)
             body.add_done_callback(_consume)
-        if self.life.job_state.holder is self:
-            self.life.job_state.holder = None
         self._end_hold()
         self._finish(settle=True)
 
-    # --- the lost signal, from any thread -----------------------------------------------
+    # --- the run is the callback of its body and of its lost signal -------------------------
 
-    def __call__(self, _: str) -> None:
-        """The lease (or leader lease) was lost: from any thread, as the signal fires."""
+    def __call__(self, what: str | asyncio.Future[Any]) -> None:
+        """The body ended (``what`` is the body, on the loop), or the lease (or leader
+        lease) was lost (``what`` is the reason, from any thread, as the signal fires).
+        One callable for both: a bound method each would be two more objects per run
+        for the garbage collector to trace while the run is in flight."""
+        if not isinstance(what, str):
+            self._body_done(what)
+            return
         loop = self._loop
         try:
             on_loop = asyncio.get_running_loop() is loop

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import math
 import os
@@ -10,21 +12,29 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar, Unpack
+from typing import Any, Literal, TypeVar, Unpack, cast
 
 from .._durations import Duration, parse_duration
-from .._locks.base import AsyncLeaseBase, check_name
+from .._locks.base import check_name
 from .._locks.file import default_directory
 from .._locks.keys import advisory_key
-from .._locks.outcome import Outcome, undo_on_cancel
+from .._locks.outcome import Outcome, in_task, undo_on_cancel
 from .._locks.registry import connect_async
 from .._locks.sync_adapter import AsyncView
 from .._masking import masked_line
 from .._signal import LostSignal
-from ..abc import AsyncDistributedLock, AsyncLease, DistributedLock
-from ..errors import BackendUnavailable, ConfigurationError
+from ..abc import (
+    AsyncDistributedLock,
+    AsyncLease,
+    DistributedLock,
+    SupportsAcquireManyStarted,
+    SupportsAsyncReleaseMany,
+    SupportsReleaseStarted,
+)
+from ..errors import BackendUnavailable, ClaimsUnavailable, ConfigurationError
+from .claims import TickClaims, TickPath, claim_grace
 from .clock import Clock, SharedTimers, SystemClock, call_at
 from .events import EventKind, JobEvent, Listener, emit, log, wanted
 from .jobs import (
@@ -40,7 +50,7 @@ from .leadership import Campaign, keep_alive, needs_keep_alive
 from .metrics import Recorder, metrics_listener
 from .queue import FireQueue
 from .repeats import Repeats
-from .run_states import RunLifecycle
+from .run_states import BODY_STATES, RunLifecycle, RunState
 from .runs import Run, RunHost, begin, wait_quietly
 from .service import Service
 from .triggers import Trigger
@@ -49,6 +59,7 @@ from .walltime import as_timezone
 __all__ = ["Scheduler"]
 
 FuncT = TypeVar("FuncT", bound=Callable[..., Any])
+T = TypeVar("T")
 Coordination = Literal["lock", "leader"]
 # What ends a run_now() run; not an overlap: that is another call's answer, said at once.
 _OUTCOMES = frozenset(EventKind) - {EventKind.STARTED, EventKind.SKIPPED_OVERLAP}
@@ -59,27 +70,39 @@ PROBE_NAME = "multilock-probe"
 are answers); taken and released at once."""
 _PROBE_TIMEOUT = 10.0  # seconds a probe may wait for its answer (real time)
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 10.0  # the pauses of wait_for_backend, doubling
+_HOLDING = RunState.HOLDING
 
 
 @dataclass(slots=True)
 class _JobState:
-    """Where a job is in this process. Changed only on the loop, synchronously."""
+    """Where a job is in this process. Changed only on the loop, synchronously.
+
+    One reference says it all: ``current``, the tick this process has claimed for the
+    job, from the claim until its run is over and its lease given back. Whether the job
+    runs, is busy or holds a lease is read off that tick's :class:`RunState` (its
+    lifecycle is the one owner), never set beside it.
+    """
 
     job: Job
     next_fire: datetime | None = None
-    running: bool = False  # a body runs: what ``overlap`` is about
-    busy: bool = False  # a run is not over: its body, lease hold or release
-    successor: tuple[datetime, datetime | None] | None = None  # a fire, the next: saves a call
-    holder: Run | None = None  # the last run, still holding its lease until fire + skew
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)  # see changed()
+    current: _Tick | None = None  # claimed, not yet settled: the job is busy
+    # The last fire popped, whose next is ``next_fire``: saves a call. A fire alone, not
+    # the pair: a tuple per run would be one more object for the garbage collector.
+    successor: datetime | None = None
+    # See changed(). None while nobody waits: a run notifies two or three times, and a
+    # fresh empty list each time was a new object for the garbage collector per notify.
+    waiters: list[asyncio.Future[None]] | None = None
 
-    def claim(self) -> None:
-        """Mark a run as started, so that no other tick claims the job meanwhile."""
-        self.running = self.busy = True
+    def claim(self, tick: _Tick) -> None:
+        """``tick`` will run, so that no other tick claims the job meanwhile."""
+        self.current = tick
 
     def notify(self) -> None:
         """Wake whoever waits for this job's state to change."""
-        waiters, self.waiters = self.waiters, []
+        waiters = self.waiters
+        if waiters is None:
+            return
+        self.waiters = None
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -88,37 +111,59 @@ class _JobState:
         """A future done at the next :meth:`notify` (made only for who waits: most
         notifies have no waiter)."""
         waiter = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
+        if self.waiters is None:
+            self.waiters = [waiter]
+        else:
+            self.waiters.append(waiter)
         return waiter
 
-    def settle(self) -> None:
-        """The run is over and its lease released."""
-        self.running = self.busy = False
+    def settle(self, tick: _Tick | None = None) -> None:
+        """``tick``'s run is over and its lease released: the job is free (unless a
+        newer tick is current). Without ``tick``: whatever the job had (a start)."""
+        if tick is None or self.current is tick:
+            self.current = None
         self.notify()
 
     @property
-    def holding(self) -> AsyncLease | None:
-        """The lease the last run still holds (``None`` when no run holds one)."""
-        return None if self.holder is None else self.holder.lease
+    def running(self) -> bool:
+        """A body is still to come or runs (what ``overlap`` is about)."""
+        current = self.current
+        return current is not None and current.state in BODY_STATES
 
-    def take_hold(self) -> AsyncLease | None:
-        """The lease a finished run still holds, handed to the next tick (or ``None``)."""
-        holder = self.holder
-        lease = None if holder is None else holder.lease
-        if holder is None or lease is None or not lease.held:
+    @property
+    def holding(self) -> AsyncLease | None:
+        """The lease the current tick's run holds after its body (``None`` unless that
+        run is in its hold)."""
+        current = self.current
+        if current is None or current.state is not _HOLDING or current.run is None:
             return None
-        self.holder = None
-        self.running = True
-        holder.handed_over()  # its hold ends, and it leaves the lease be
+        return current.run.lease
+
+    def take_hold(self, tick: _Tick) -> AsyncLease | None:
+        """The lease a finished run still holds, handed to ``tick``, which becomes the
+        current one (or ``None``: nothing to take over)."""
+        holder = self.current
+        if holder is None or holder.state is not _HOLDING or holder.run is None:
+            return None
+        run = holder.run
+        lease = run.lease
+        if lease is None or not lease.held:
+            return None
+        self.current = tick
+        run.handed_over()  # its hold ends, and it leaves the lease be
         self.notify()
         return lease
 
     @property
     def ready(self) -> bool:
-        """No body runs, and no lease is held or being released but one to take over."""
-        if self.running:
+        """No tick claimed, or only one in its hold whose lease the next may take over."""
+        current = self.current
+        if current is None:
+            return True
+        if current.state is not _HOLDING or current.run is None:
             return False
-        return not self.busy or (self.holding is not None and self.holding.held)
+        lease = current.run.lease
+        return lease is not None and lease.held
 
 
 _Tick = RunLifecycle["_JobState"]
@@ -154,6 +199,10 @@ class Scheduler(Service):
     running, for :meth:`readiness` and to report an outage before the next tick.
     ``max_workers`` (default 32): the threads of the pool that runs sync jobs; a run
     that must wait for a free one is logged and counted.
+    ``tick_claims`` (default ``True``): on a backend that claims ticks
+    (``Capability.TICK_CLAIM``), claim each tick instead of holding its lock past it:
+    exactly once whatever the clocks say (``False``: hold, as on other backends --
+    every replica of a fleet must do the same).
     See ``docs/scheduler.md`` for the exactly-once guarantee and its limits.
     """
 
@@ -177,11 +226,13 @@ class Scheduler(Service):
         wait_for_backend: Duration | None = None,
         probe_interval: Duration | None = 10.0,
         max_workers: int = 32,
+        tick_claims: bool = True,
     ) -> None:
         if lock is None:
             lock = "file://" + str(default_directory())
         self._source = lock
-        self._locker = self._make_locker()
+        self.tick_claims = bool(tick_claims)
+        self._use(self._make_locker())
         if coordination not in ("lock", "leader"):
             raise ConfigurationError(
                 f"invalid coordination {coordination!r} (expected 'lock' or 'leader')"
@@ -244,6 +295,7 @@ class Scheduler(Service):
             self._hold_timers,
             self._release_later,
             self._run_finished,
+            contextvars.Context(),  # replaced by start()'s: no run exists before it
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: FireQueue[_JobState] = FireQueue()  # the loop's: by next fire time
@@ -353,7 +405,7 @@ class Scheduler(Service):
         try:
             due = RunLifecycle(state.job, fire, state)
             if not self._continue_hold(due):  # still holding the last tick's lease: under it
-                state.claim()
+                state.claim(due)
                 self._start_batch([due])
             return await ended
         finally:
@@ -363,6 +415,14 @@ class Scheduler(Service):
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(event)`` with every :class:`~multilock.JobEvent`."""
         self._listeners.append(listener)
+
+    def tick_path(self, job: Job) -> TickPath | Literal["leader", "local"]:
+        """How ``job``'s ticks are made to run once across replicas: ``"claim"`` (the
+        backend claims each tick: see :mod:`multilock._scheduling.claims`), ``"hold"``
+        (the lock is held past each tick), ``"leader"``, or ``"local"`` (not distributed)."""
+        if not job.distributed:
+            return "local"
+        return "leader" if self._leadership is not None else self._claims.path
 
     @property
     def is_leader(self) -> bool:
@@ -382,6 +442,8 @@ class Scheduler(Service):
             raise RuntimeError("this Scheduler is already running")
         self._loop = asyncio.get_running_loop()
         self._stopping = False
+        # The runs' callbacks run in the context the scheduler was started in.
+        self._run_host = replace(self._run_host, context=contextvars.copy_context())
         try:
             await self._await_backend()
         except BaseException:
@@ -403,11 +465,12 @@ class Scheduler(Service):
             probing = self._probe_periodically(self.clock.now(), self.probe_interval)
             self._tasks.append(asyncio.create_task(probing, name="multilock-probe"))
         log.info(
-            "scheduler started: %d jobs, replica %s, lock %s, coordination %s",
+            "scheduler started: %d jobs, replica %s, lock %s, coordination %s, ticks %s",
             len(self._states),
             self.replica_id,
             self._locker.url,
             self.coordination,
+            "led" if self._leadership is not None else self._claims.path,
             extra={"replica_id": self.replica_id},
         )
 
@@ -457,7 +520,7 @@ class Scheduler(Service):
     async def _reset_locker(self) -> None:
         if self._locker is not self._source:  # made here: ours to close
             await self._locker.aclose()
-            self._locker = self._make_locker()  # connects lazily, if started again
+            self._use(self._make_locker())  # connects lazily, if started again
             if self._leadership is not None:
                 self._leadership.locker = self._locker
 
@@ -527,6 +590,8 @@ class Scheduler(Service):
             await self.clock.sleep_until(next_probe)
             next_probe = max(next_probe + interval, self.clock.now())
             problem = await self._probe()
+            if self._stopping:
+                return  # a probe cut short by stop() says nothing of the backend
             if problem is not None and self._unanswered(problem, "probes failed"):
                 log.warning("backend unreachable: %s", problem)
 
@@ -589,9 +654,23 @@ class Scheduler(Service):
         if self._loop is not None:
             raise RuntimeError("use_lock() must be called before the scheduler starts")
         self._source = lock
-        self._locker = self._make_locker()
+        self._use(self._make_locker())
         if self._leadership is not None:
             self._leadership.locker = self._locker
+
+    def _use(self, locker: AsyncDistributedLock) -> None:
+        """Make ``locker`` the scheduler's, with the optional fast paths it offers
+        (:mod:`multilock.abc`), looked up once here rather than at every tick."""
+        self._locker = locker
+        self._start_acquire = (
+            locker.try_acquire_many_started
+            if isinstance(locker, SupportsAcquireManyStarted)
+            else None
+        )
+        self._release_many = (
+            locker.release_many if isinstance(locker, SupportsAsyncReleaseMany) else None
+        )
+        self._claims = TickClaims(locker, self.tick_claims)
 
     def _make_locker(self) -> AsyncDistributedLock:
         source = self._source
@@ -623,7 +702,7 @@ class Scheduler(Service):
         # replica took it; earlier ones are not this replica's to report as missed.
         lookback = min(state.job.misfire_grace, self.skew_tolerance)
         since = self._now() - timedelta(seconds=lookback)
-        state.next_fire = state.job.next_fire(since)
+        state.next_fire, state.successor = state.job.next_fire(since), None
         self._enqueue(state)
         state.settle()
         self._arm()
@@ -678,10 +757,10 @@ class Scheduler(Service):
                 # The common case, without the lists below: one tick, on time, job idle.
                 due = RunLifecycle(job, fires[0], state)
                 if not self._continue_hold(due):
-                    state.claim()
+                    state.claim(due)
                     batch.append(due)
                 continue
-            grace = job.misfire_grace
+            grace = self._grace(job, fires[-1], state.next_fire)
             if state.holding is not None and state.holding.held:
                 # Still holding the job's lease from the previous tick: no other replica
                 # can have run these, so lateness up to the tolerance cannot duplicate.
@@ -690,7 +769,7 @@ class Scheduler(Service):
             for fire in fires[: len(fires) - len(fresh)]:  # the late ones come first
                 late = now - fire.timestamp()
                 self._miss(RunLifecycle(job, fire, state), f"{late:.3f}s late")
-            if job.coalesce and len(fresh) > 1:
+            if job.coalesce and len(fresh) > 1 and not self._claiming(job):
                 for fire in fresh[:-1]:
                     self._miss(RunLifecycle(job, fire, state), "coalesced")
                 fresh = fresh[-1:]
@@ -702,7 +781,7 @@ class Scheduler(Service):
                 elif i > 0 or not state.ready:
                     self._spawn(self._after_previous(due))
                 elif not self._continue_hold(due):
-                    state.claim()  # now: the run starts on a later loop turn
+                    state.claim(due)  # now: the run starts on a later loop turn
                     batch.append(due)
         if batch:
             self._start_batch(batch)
@@ -710,10 +789,9 @@ class Scheduler(Service):
     def _continue_hold(self, due: _Tick) -> bool:
         """If this replica still holds the job's lease from the previous tick, run this
         tick under it: nobody else can have run it, and no release/acquire can race."""
-        lease = due.job_state.take_hold()
+        lease = due.job_state.take_hold(due)
         if lease is None:
             return False
-        due.job_state.busy = True
         self._launch([(due, lease, lease.lost, lease.fencing_token)])
         return True
 
@@ -723,35 +801,38 @@ class Scheduler(Service):
             fires.append(state.next_fire)
             if len(fires) >= _MAX_CATCH_UP:
                 state.next_fire = state.job.next_fire(datetime.fromtimestamp(now, UTC))
+                state.successor = None
                 break
             state.next_fire = state.job.next_fire(state.next_fire)
-            state.successor = (fires[-1], state.next_fire)
+            state.successor = fires[-1]
         return fires
 
     async def _after_previous(self, due: _Tick) -> None:
         state = due.job_state
+        grace = self._grace(due.job, due.fire)
         while not state.ready:  # the previous run, or its lease release
             await state.changed()
-            if self.clock.now() - due.fire.timestamp() > due.job.misfire_grace:
+            if self.clock.now() - due.fire.timestamp() > grace:
                 break  # missed already: said now, not once the job is free (if ever)
         late = self.clock.now() - due.fire.timestamp()
         if self._stopping:
             due.abandon()
             return
-        if late > due.job.misfire_grace:
+        if late > grace:
             self._miss(due, f"{late:.3f}s late (waited)")
             return
         if not self._continue_hold(due):
-            state.claim()
+            state.claim(due)
             self._start_batch([due])
 
     def _start_batch(self, batch: list[_Tick]) -> None:
         """Take the locks of the distributed jobs due now (one ``try_acquire_many``), start runs."""
         # Local jobs first: they need no lock, so no round trip to wait for.
-        self._launch([(due, None, None, None) for due in batch if not due.job.distributed])
         shared = [due for due in batch if due.job.distributed]
-        runs: list[_Start] = []
+        if len(shared) < len(batch):
+            self._launch([(due, None, None, None) for due in batch if not due.job.distributed])
         if shared and self._leadership is not None:
+            runs: list[_Start] = []
             leader = self._leadership.lease
             for due in shared:
                 if leader is None or not leader.held:
@@ -760,23 +841,27 @@ class Scheduler(Service):
                     self._skip_held(due, "leadership too recent to rule out a late predecessor")
                 else:
                     runs.append((due, None, leader.lost, leader.fencing_token))
+            self._launch(runs)
         elif shared:
             for due in shared:
                 due.acquire()
             self._lock_then_launch(shared)
-        self._launch(runs)
 
-    def _lock_then_launch(self, shared: list[_Tick]) -> None:
+    def _lock_then_launch(self, shared: list[_Tick], claimed: bool = False) -> None:
         """Take the locks of ``shared`` in one round trip, then start their runs: at once
-        when the backend answers at once (memory://), else in a task."""
+        when the backend answers at once (memory://), else in a task. Where the backend
+        claims ticks, the ticks of ``shared`` are claimed first (unless ``claimed``)."""
+        if not claimed and self._claims.active:
+            self._claim_then_lock(shared)
+            return
         now = self.clock.now()
         hold = max(
             due.fire.timestamp() + hold_span(due.job, self.skew_tolerance) - now for due in shared
         )
         names, ttl = [due.job.name for due in shared], max(hold, 0.0) + self.lease_ttl
-        start = getattr(self._locker, "_try_acquire_many_started", None)
+        start = self._start_acquire
         try:
-            started = None if start is None else start(names, ttl)
+            started = None if start is None else start(names, ttl=ttl)
         except Exception as exc:
             self._lock_failed(shared, exc)
             return
@@ -794,19 +879,72 @@ class Scheduler(Service):
         shared: list[_Tick],
         names: list[str],
         ttl: float,
-        started: Outcome[dict[str, AsyncLeaseBase | None]] | None,
+        started: asyncio.Future[Mapping[str, AsyncLease | None]] | None,
     ) -> None:
         leases: Mapping[str, AsyncLease | None]
         try:
             if started is None:
                 leases = await self._locker.try_acquire_many(names, ttl=ttl)
             else:  # in flight: a cancelled wait (stop) still releases what it grants
-                granted = await undo_on_cancel(started, _leases_of)
-                leases = granted
+                leases = await undo_on_cancel(_outcome(started), _leases_of)
         except Exception as exc:
             self._lock_failed(shared, exc)
             return
         self._launch(self._granted(shared, leases))
+
+    def _claim_then_lock(self, shared: list[_Tick]) -> None:
+        """Claim the ticks of ``shared`` (one round trip); lock and run those won, skip
+        those another replica claimed: at once when the backend answers at once
+        (memory://), else in a task."""
+        ticks = [(due.job.name, due.fire) for due in shared]
+        try:
+            started = self._claims.started(ticks)
+        except Exception as exc:
+            self._claim_failed(shared, exc)
+            return
+        if started is not None and started.done():
+            error = started.exception()
+            if error is not None:
+                self._claim_failed(shared, error)
+            else:
+                self._claimed(shared, started.result())
+            return
+        self._spawn(self._await_claims(shared, ticks, started))
+
+    async def _await_claims(
+        self,
+        shared: list[_Tick],
+        ticks: list[tuple[str, datetime]],
+        started: asyncio.Future[Mapping[str, bool]] | None,
+    ) -> None:
+        try:
+            won = await (self._claims.claim(ticks) if started is None else started)
+        except Exception as exc:
+            self._claim_failed(shared, exc)
+            return
+        self._claimed(shared, won)
+
+    def _claim_failed(self, shared: list[_Tick], exc: BaseException) -> None:
+        """The claims of ``shared`` failed. A backend refusing this locker its claims
+        sends these ticks, and every later one, down the hold path."""
+        if isinstance(exc, ClaimsUnavailable):
+            self._claims.refuse(exc)
+            self._lock_then_launch(shared)
+        else:
+            self._lock_failed(shared, exc)
+
+    def _claimed(self, shared: list[_Tick], won: Mapping[str, bool]) -> None:
+        winners = []
+        for due in shared:
+            if self._stopping:
+                due.job_state.settle()
+                due.abandon()
+            elif won.get(due.job.name):
+                winners.append(due)
+            else:
+                self._skip_held(due, "another replica claimed it")
+        if winners:
+            self._lock_then_launch(winners, claimed=True)
 
     def _lock_failed(self, shared: list[_Tick], exc: BaseException) -> None:
         """The locks of ``shared`` could not be taken: the scheduler goes on. An
@@ -815,7 +953,7 @@ class Scheduler(Service):
         if isinstance(exc, BackendUnavailable):
             problem = masked_line(exc)
             for due in shared:
-                due.job_state.settle()
+                due.job_state.settle(due)
                 due.miss()
                 first = self._unanswered(problem, "ticks missed")
                 reason = f"backend unavailable: {problem}"
@@ -828,7 +966,7 @@ class Scheduler(Service):
         else:
             reason = "lock call failed"  # a backend's bug: its traceback follows
         for due in shared:
-            due.job_state.settle()
+            due.job_state.settle(due)
             due.fail()
             self._emit(EventKind.FAILED, due.job, due.fire, error=exc, reason=reason)
 
@@ -846,19 +984,23 @@ class Scheduler(Service):
                 if lease is not None:  # let it go now: kept, other replicas would skip it
                     self._held.add(lease)
                     self._spawn(self._release(lease))  # a task: stop() waits for it
-                due.job_state.settle()
+                due.job_state.settle(due)
                 due.abandon()
             elif lease is None:
                 self._skip_held(due, "another replica holds it")
-            elif (late := now - due.fire.timestamp()) > due.job.misfire_grace:
+            elif (
+                late := now - due.fire.timestamp()
+            ) > due.job.misfire_grace and not self._claiming(due.job):
                 # Granted past the grace (a slow answer, a connection coming back): the
                 # hold of a replica that won the tick in time covers tries up to the
-                # grace, no later, so it may have run and released it already.
+                # grace, no later, so it may have run and released it already. (A
+                # claimed tick is this replica's however late the grant: it runs.)
                 self._held.add(lease)
-                due.job_state.running = False  # no body runs: a tick meanwhile is no overlap
-                # In a task: no run tracks this lease, and stop() must wait for its release.
-                self._spawn(self._release(lease, then=due.job_state.settle))
+                # Missed (no body runs: a tick meanwhile is no overlap), yet the job stays
+                # busy until the lease is given back. In a task: no run tracks this
+                # lease, and stop() must wait for its release.
                 self._miss(due, f"{late:.3f}s late (granted)")
+                self._spawn(self._release(lease, then=functools.partial(due.job_state.settle, due)))
             else:
                 self._held.add(lease)
                 runs.append((due, lease, lease.lost, lease.fencing_token))
@@ -868,6 +1010,8 @@ class Scheduler(Service):
         """Start the bodies of ``runs``, then watch them (:class:`~multilock._scheduling.runs.Run`):
         every body is queued on the loop before any run's bookkeeping, so the last of
         many jobs due at one instant does not wait for every other job's."""
+        if not runs:
+            return
         begun: list[tuple[RunContext, asyncio.Future[Any], float | None, _Starting | None]] = []
         report = wanted(EventKind.STARTED, self._listeners)  # asked once, not per run
         loop = asyncio.get_running_loop()
@@ -923,7 +1067,7 @@ class Scheduler(Service):
         self._workers_busy = max(0, self._workers_busy - 1)
 
     def _skip_held(self, due: _Tick, reason: str) -> None:
-        due.job_state.settle()
+        due.job_state.settle(due)
         due.skip()
         self._emit(EventKind.SKIPPED_HELD, due.job, due.fire, reason=reason)
 
@@ -944,19 +1088,34 @@ class Scheduler(Service):
 
     # --- what a Run asks of its scheduler (its RunHost, made in __init__) -----------------
 
-    def _hold_until(self, job: Job, fire: datetime) -> float:
+    def _grace(self, job: Job, fire: datetime, following: datetime | None = None) -> float:
+        """How late (by this clock) ``fire`` may still start: the misfire grace, or with
+        tick claims, more (see :func:`~multilock._scheduling.claims.claim_grace`)."""
+        if not self._claiming(job):
+            return job.misfire_grace
+        return claim_grace(job.misfire_grace, fire, following or job.next_fire(fire))
+
+    def _claiming(self, job: Job) -> bool:
+        """Whether ``job``'s ticks are claimed (coalescing too: a tick won by a claim is
+        one no replica has run, nor any later one, so it runs)."""
+        return job.distributed and self._leadership is None and self._claims.active
+
+    def _hold_until(self, job: Job, fire: datetime) -> float | None:
         """``fire + hold_span``, never past the next fire time: a replica firing this
-        tick late finds it held; the next tick is this replica's to take over.
+        tick late finds it held; the next tick is this replica's to take over. ``None``
+        (no hold: the lease goes as the run ends) where ticks are claimed.
 
         Rounded up to a 50 ms boundary (still never past the next fire): holding a
         little longer is as safe, and jobs spread over the second then end their
         holds on one shared timer per boundary instead of a timer and a loop turn each.
         """
+        if self._claiming(job):
+            return None  # the claim, not the lease, says the tick ran
         until = fire.timestamp() + hold_span(job, self.skew_tolerance)
         until = math.ceil(until * _HOLD_GRID) / _HOLD_GRID
         state = self._states.get(job.name)
-        if state is not None and state.successor is not None and state.successor[0] == fire:
-            following = state.successor[1]
+        if state is not None and state.successor == fire:
+            following = state.next_fire
         else:
             following = job.next_fire(fire)
         return until if following is None else min(until, following.timestamp())
@@ -969,9 +1128,12 @@ class Scheduler(Service):
     def _release_later(self, lease: AsyncLease, then: Callable[[], object]) -> None:
         """Release ``lease`` in the one task that releases whatever is due, then ``then()``:
         the holds of a tick's jobs end together, and a task each would cost more. A
-        backend that sends its release at once (``_release_started``) needs no task."""
-        begin = getattr(lease, "_release_started", None)
-        started = begin() if begin is not None else None
+        backend that sends its release at once (``release_started``) needs no task."""
+        started = (
+            cast("SupportsReleaseStarted", lease).release_started()
+            if _starts_release(type(lease))
+            else None
+        )
         if started is not None:
             self._held.discard(lease)
             if started.done():  # memory:// settles at once: no loop turn to wait for
@@ -989,7 +1151,7 @@ class Scheduler(Service):
             while self._releasing:
                 batch, self._releasing = self._releasing, []
                 # One round trip for all of them where the backend can (PostgreSQL, Redis).
-                release_many = getattr(self._locker, "_release_many", None)
+                release_many = self._release_many
                 if release_many is not None and len(batch) > 1:
                     leases = [lease for lease, _ in batch]
                     self._held.difference_update(leases)
@@ -1061,7 +1223,10 @@ class Scheduler(Service):
     ) -> None:
         if not wanted(kind, self._listeners):
             return  # nobody would see it: skip building the event (twice a run)
-        event = JobEvent(kind, job.name, fire, self.replica_id, duration, delay, error, reason)
+        path = self.tick_path(job)
+        event = JobEvent(
+            kind, job.name, fire, self.replica_id, duration, delay, error, reason, path
+        )
         emit(event, self._listeners, logged=logged)
 
 
@@ -1086,5 +1251,19 @@ class _Starting:
             self.run.body_started(at)
 
 
-def _leases_of(granted: dict[str, AsyncLeaseBase | None]) -> list[AsyncLeaseBase | None]:
+def _leases_of(granted: Mapping[str, AsyncLease | None]) -> list[AsyncLease | None]:
     return list(granted.values())
+
+
+@functools.cache
+def _starts_release(lease_type: type) -> bool:
+    """Whether leases of ``lease_type`` have ``release_started``
+    (:class:`~multilock.abc.SupportsReleaseStarted`): asked once per type, not per
+    release (a protocol's ``isinstance`` costs microseconds)."""
+    return issubclass(lease_type, SupportsReleaseStarted)
+
+
+def _outcome(started: asyncio.Future[T]) -> Outcome[T]:
+    """``started`` as an :class:`Outcome` (cancellation cannot cancel it): the kit's are
+    already; a third-party backend's future is awaited in a task of its own."""
+    return started if isinstance(started, Outcome) else in_task(started)

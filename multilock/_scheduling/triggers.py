@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import weakref
 from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Protocol
@@ -125,6 +126,8 @@ def every(
 class _WallTrigger:
     """A trigger defined by a sequence of wall times; subclasses yield them."""
 
+    __slots__ = ()
+
     def _walls_after(self, wall: datetime) -> Iterable[datetime]:
         raise NotImplementedError
 
@@ -140,11 +143,48 @@ class _WallTrigger:
 
 
 class CronTrigger(_WallTrigger):
-    """A cron expression (croniter), read in the job's timezone."""
+    """A cron expression (croniter), read in the job's timezone.
+
+    One instance per distinct expression (:func:`parse_cron` shares them), which
+    remembers its last answer in UTC: with no DST, a cron's fire times are a fixed
+    set, so the next one after any instant of ``[after, answer)`` is ``answer``; the
+    jobs of a large registry that share an expression (``0 3 * * *``) then compute it
+    once, not once each, and croniter is the cost of adding and starting them.
+    """
+
+    __slots__ = ("__weakref__", "_last", "expr", "gap_memo", "seconds")
 
     def __init__(self, expr: str, seconds: bool) -> None:
         self.expr = expr
         self.seconds = seconds
+        self._last: tuple[datetime, datetime] | None = None  # in UTC: (after, its next fire)
+        self.gap_memo: tuple[ZoneInfo, datetime, timedelta | None] | None = None
+        """The validation's last answer (``jobs.validate_schedule``): (tz, first, shortest gap)."""
+
+    def next_fire(self, after: datetime, tz: ZoneInfo, seed: str) -> datetime | None:
+        """The first fire time after ``after`` (see :meth:`_WallTrigger.next_fire`)."""
+        if tz.key != "UTC":
+            return super().next_fire(after, tz, seed)
+        last = self._last
+        if last is not None and last[0] <= after < last[1]:
+            return last[1]
+        following = super().next_fire(after, tz, seed)
+        if following is not None:
+            self._last = (after, following)
+        return following
+
+    def next_fires(self, after: datetime, tz: ZoneInfo, count: int) -> list[datetime]:
+        """The next ``count`` fire times after ``after`` (fewer if the cron ends): what
+        :meth:`next_fire` would give one after the other, in UTC in one croniter walk."""
+        if tz.key != "UTC":
+            fires: list[datetime] = []
+            following = self.next_fire(after, tz, "")
+            while following is not None and len(fires) < count:
+                fires.append(following)
+                following = self.next_fire(following, tz, "")
+            return fires
+        walls = self._walls_after(after.astimezone(UTC).replace(tzinfo=None))
+        return [wall.replace(tzinfo=UTC) for wall, _ in zip(walls, range(count), strict=False)]
 
     def _walls_after(self, wall: datetime) -> Iterable[datetime]:
         it = croniter(self.expr, wall, second_at_beginning=self.seconds)
@@ -209,9 +249,18 @@ def parse_cron(expr: str, *, seconds: bool, flag: str) -> CronTrigger:
         raise ConfigurationError(
             f"invalid cron expression {expr!r}: {len(fields)} fields, expected {want}{hint}"
         )
+    normal = " ".join(fields)
+    shared = _CRONS.get((normal, seconds))
+    if shared is not None:
+        return shared
     if not croniter.is_valid(text, second_at_beginning=seconds):
         raise ConfigurationError(f"invalid cron expression {expr!r}: {_why(fields, seconds)}")
-    return CronTrigger(" ".join(fields), seconds)
+    trigger = _CRONS[(normal, seconds)] = CronTrigger(normal, seconds)
+    return trigger
+
+
+# The triggers of the expressions in use, shared (see CronTrigger); gone with their jobs.
+_CRONS: weakref.WeakValueDictionary[tuple[str, bool], CronTrigger] = weakref.WeakValueDictionary()
 
 
 def _why(fields: list[str], seconds: bool) -> str:

@@ -140,6 +140,10 @@ class Api:
         """``locker.locks()`` (INTROSPECTION backends)."""
         raise NotImplementedError
 
+    async def claim_ticks(self, locker: Any, ticks: Mapping[str, Any]) -> Mapping[str, bool]:
+        """``locker.claim_ticks(ticks)`` (TICK_CLAIM backends)."""
+        raise NotImplementedError
+
     async def close_all(self) -> None:
         """Close every locker this API opened (errors ignored: the check has its verdict)."""
         for locker in reversed(self._lockers):
@@ -218,6 +222,14 @@ class SyncApi(Api):
         found: list[Any] = await self._call("locks()", locker.locks)
         return found
 
+    async def claim_ticks(self, locker: Any, ticks: Mapping[str, Any]) -> Mapping[str, bool]:
+        """``locker.claim_ticks(ticks)`` in a thread."""
+        ticks = dict(ticks)
+        won: Mapping[str, bool] = await self._call(
+            "claim_ticks()", lambda: locker.claim_ticks(ticks), TRY_LIMIT
+        )
+        return won
+
 
 class AsyncApi(Api):
     """Drives ``multilock.connect_async`` lockers by awaiting their methods."""
@@ -283,6 +295,13 @@ class AsyncApi(Api):
         if inspect.isawaitable(found):
             found = await _bounded("locks()", found)
         return list(found)
+
+    async def claim_ticks(self, locker: Any, ticks: Mapping[str, Any]) -> Mapping[str, bool]:
+        """``await locker.claim_ticks(ticks)``."""
+        won: Mapping[str, bool] = await _bounded(
+            "claim_ticks()", locker.claim_ticks(dict(ticks)), TRY_LIMIT
+        )
+        return won
 
 
 def make_api(kind: str, url: str) -> Api:

@@ -133,6 +133,11 @@ async def capabilities_agree(h: Harness) -> None:
         assert Capability.TTL in declared, "RENEWAL is declared without TTL"
     if Capability.CROSS_HOST in declared:
         assert Capability.CROSS_PROCESS in declared, "CROSS_HOST is declared without CROSS_PROCESS"
+    if Capability.TICK_CLAIM in declared:
+        locker = await h.api.connect()
+        assert callable(getattr(locker, "claim_ticks", None)), (
+            "TICK_CLAIM is declared but the locker has no claim_ticks()"
+        )
 
 
 async def release_reacquire(h: Harness) -> None:

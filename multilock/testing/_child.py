@@ -3,6 +3,7 @@
     python -m multilock.testing._child sync|async URL hold NAME TTL
     python -m multilock.testing._child sync|async URL count NAME ROUNDS PATH
     python -m multilock.testing._child sync|async URL serve
+    python -m multilock.testing._child sync|async URL claim NAME FIRE COUNT
 
 A URL of ``-`` is read from the first line of stdin (how the suite passes it: a
 password must not show in the process list).
@@ -16,6 +17,9 @@ the lease's fencing token to ``PATH.fences`` and bumps the number in ``PATH``
 non-atomically (read, pause, write); then prints ``done``. ``serve`` opens a
 locker, prints ``ready``, then answers each stdin line, a JSON command of
 :class:`LockerServer`, with ``reply <JSON>``, until ``exit`` or end of input.
+``claim`` prints ``ready``, waits for a ``go`` line, then claims the
+tick FIRE (epoch seconds) of NAME-0, NAME-1, ... (COUNT names) one by one and
+prints ``won`` followed by the indexes of the names whose tick it won.
 Failures print ``error <message>`` and exit 1.
 """
 
@@ -83,6 +87,18 @@ async def _count(api: Api, name: str, rounds: int, path: str) -> None:
         _write(path, seen + 1)
         await api.release(lease)
     _say("done")
+
+
+async def _claim(api: Api, name: str, fire: float, count: int) -> None:
+    locker = await api.connect()
+    _say("ready")
+    await in_thread(sys.stdin.readline)  # "go": every claimer starts together
+    won = []
+    for i in range(count):
+        got = await api.claim_ticks(locker, {f"{name}-{i}": fire})
+        if got[f"{name}-{i}"]:
+            won.append(str(i))
+    _say(" ".join(["won", *won]))
 
 
 def _read_and_log(path: str, fencing_token: object) -> int:
@@ -212,6 +228,9 @@ async def _main(argv: list[str]) -> None:
         elif command == "hold":
             name, *rest = rest
             await _hold(api, name, None if rest[0] == "-" else float(rest[0]))
+        elif command == "claim":
+            name, fire, count = rest
+            await _claim(api, name, float(fire), int(count))
         elif command == "count":
             name, *rest = rest
             await _count(api, name, int(rest[0]), rest[1])

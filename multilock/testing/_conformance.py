@@ -19,6 +19,7 @@ import pytest
 
 from . import _checks_basic as basic
 from . import _checks_cancel as cancel
+from . import _checks_claims as claims
 from . import _checks_contention as contention
 from . import _checks_names as names
 from . import _checks_process as process
@@ -186,6 +187,28 @@ class ConformanceTests:
     def test_degraded_backend_raises(self, multilock: Harness) -> None:
         """Busy, read-only or refusing (where the hooks can make it so): BackendUnavailable."""
         multilock.run(process.degraded_raises)
+
+    # --- tick claims (issue 20) ------------------------------------------------------
+
+    def test_claim_one_winner_per_tick(self, multilock: Harness) -> None:
+        """TICK_CLAIM: 8 lockers claim the same ticks at once: one winner per tick."""
+        multilock.run(claims.claims_one_winner)
+
+    def test_claim_never_goes_back(self, multilock: Harness) -> None:
+        """TICK_CLAIM: a fire time at or below the mark never wins; a later one does."""
+        multilock.run(claims.claims_never_go_back)
+
+    def test_claim_names_independent(self, multilock: Harness) -> None:
+        """TICK_CLAIM: marks of different names, and of claims and locks, are apart."""
+        multilock.run(claims.claims_names_independent)
+
+    def test_claim_across_processes(self, multilock: Harness) -> None:
+        """TICK_CLAIM+CROSS_PROCESS: 4 processes race for 30 names' tick: one winner each."""
+        multilock.run(claims.claims_across_processes)
+
+    def test_claim_mark_survives(self, multilock: Harness) -> None:
+        """TICK_CLAIM: a mark outlives its claimer's session (and any lease ttl)."""
+        multilock.run(claims.claims_survive)
 
     def test_model_checked_history(self, multilock: Harness) -> None:
         """Random histories over 3 lockers (2 in other processes) agree with the model."""

@@ -78,9 +78,9 @@ CATALOGUE: tuple[Mutant, ...] = (
     ),
     Mutant(
         "hold-cut-at-own-fire",
-        "the cached successor is read the wrong way round: the hold ends at its own tick",
+        "the cached successor is read as the fire itself: the hold ends at its own tick",
         _SCHEDULER,
-        (("following = state.successor[1]", "following = state.successor[0]"),),
+        (("following = state.next_fire", "following = state.successor"),),
     ),
     Mutant(
         "release-at-body-end",
@@ -105,8 +105,30 @@ CATALOGUE: tuple[Mutant, ...] = (
                 "        self._hold_end = self._host.hold_until(self.job, self.fire)\n"
                 "        self._host.hold_timers().add(self._hold_end, self)\n",
             ),
-            ("        if state.holder is self:\n", "        if state.holder in (self, None):\n"),
+            (
+                "        if self.life.state is _HOLDING:",
+                "        if self.life.state in (_HOLDING, RunState.RUNNING):",
+            ),
         ),
+    ),
+    Mutant(
+        "holding-counts-as-running",
+        "a job in its hold is read as still running: its next tick is skipped as an"
+        " overlap instead of taking the lease over",
+        "multilock/_scheduling/run_states.py",
+        (
+            (
+                "{_S.DUE, _S.ACQUIRING, _S.RUNNING, _S.LOST, _S.TIMED_OUT}",
+                "{_S.DUE, _S.ACQUIRING, _S.RUNNING, _S.LOST, _S.TIMED_OUT, _S.HOLDING}",
+            ),
+        ),
+    ),
+    Mutant(
+        "settle-frees-a-newer-tick",
+        "an older tick's end frees the job while a newer tick (which took the lease"
+        " over) is under way",
+        _SCHEDULER,
+        (("        if tick is None or self.current is tick:\n", "        if True:\n"),),
     ),
     Mutant(
         "stop-skips-holds",
@@ -135,7 +157,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         (
             (
                 "                if not self._continue_hold(due):\n"
-                "                    state.claim()\n"
+                "                    state.claim(due)\n"
                 "                    batch.append(due)\n"
                 "                continue\n",
                 "                if not self._continue_hold(due):\n"
@@ -245,8 +267,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         _SCHEDULER,
         (
             (
-                "        if late > due.job.misfire_grace:\n            self._miss(",
-                "        if late > due.job.misfire_grace + 3600:\n            self._miss(",
+                "        if late > grace:\n            self._miss(",
+                "        if late > grace + 3600:\n            self._miss(",
             ),
         ),
     ),
@@ -266,6 +288,23 @@ CATALOGUE: tuple[Mutant, ...] = (
         "coalescing runs the oldest of the ticks due instead of the latest",
         _SCHEDULER,
         (("fresh = fresh[-1:]", "fresh = fresh[:1]"),),
+    ),
+    Mutant(
+        "claim-lost-still-runs",
+        "a tick another replica claimed is run all the same (the lock alone decides)",
+        _SCHEDULER,
+        (("            elif won.get(due.job.name):\n", "            elif True:\n"),),
+    ),
+    Mutant(
+        "claimed-ticks-coalesced",
+        "claimed ticks due together are coalesced: those a jumped clock skipped are lost",
+        _SCHEDULER,
+        (
+            (
+                "if job.coalesce and len(fresh) > 1 and not self._claiming(job):",
+                "if job.coalesce and len(fresh) > 1:",
+            ),
+        ),
     ),
     Mutant(
         "timeout-from-the-tick",

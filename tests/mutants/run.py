@@ -4,7 +4,7 @@ Usage: ``python tests/mutants/run.py [--jobs N] [NAME ...]``
 
 Each mutant is applied to a copy of the tree (``multilock/``, ``tests/``, the pytest
 configuration) in a temporary directory, where the fast tests run against it: the
-scheduler's unit tests, the triggers' and the simulation (fewer scenarios, no
+scheduler's unit tests (tick claims' too), the triggers' and the simulation (fewer scenarios, no
 shrinking: the first failure is enough). The unmutated copy runs first and must pass,
 so that a mutant is only "caught" by tests that pass without it. Exit status 0 when
 every mutant was caught; 1 when one survived, or a target text was not found.
@@ -31,7 +31,12 @@ if str(ROOT) not in sys.path:
 
 from tests.mutants.catalogue import CATALOGUE, Drift, Mutant, apply  # noqa: E402
 
-FAST_TESTS = ("tests/test_scheduler.py", "tests/test_triggers.py", "tests/sim")
+FAST_TESTS = (
+    "tests/test_scheduler.py",
+    "tests/test_tick_claims.py",
+    "tests/test_triggers.py",
+    "tests/sim",
+)
 SIM_EXAMPLES = "600"  # scenarios of the main simulation test (fewer in the others)
 TIMEOUT = 900  # seconds for one run of the fast tests: a mutant that hangs them is caught
 

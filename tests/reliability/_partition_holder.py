@@ -20,20 +20,14 @@ import time
 import psycopg
 
 import multilock
+from multilock.testing import poll
 
 
 def main(url: str, name: str, conninfo: str) -> None:
     """Hold ``name`` and write with its token until stdin closes."""
     resource = psycopg.connect(conninfo, autocommit=True)
     locker = multilock.connect(url)
-    deadline = time.monotonic() + 30
-    lease = None
-    while lease is None:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"could not take {name!r} within 30 s")
-        lease = locker.try_acquire(name)
-        if lease is None:
-            time.sleep(0.05)
+    lease = poll(f"taking {name!r}", lambda: locker.try_acquire(name), 30, 0.05, not_yet=())
     lease.lost.add_callback(lambda reason: print(f"lost {time.time()!r} {reason}", flush=True))
     print(f"holding {lease.fencing_token}", flush=True)
     done = threading.Event()

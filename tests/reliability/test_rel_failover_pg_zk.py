@@ -31,13 +31,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import multilock
 from multilock.errors import BackendUnavailable
-from tests.reliability import _private
+from multilock.testing._servers.postgres import ReplicatedPair, programs
+from multilock.testing._servers.process import script
+from multilock.testing._servers.zookeeper import ZooKeeperEnsemble
 from tests.reliability.conftest import Measured
 
 pytestmark = [pytest.mark.topology, pytest.mark.faults, pytest.mark.slow]
@@ -281,9 +282,12 @@ def _check(outcome: Outcome, *, rides: bool) -> None:
 
 
 @pytest.fixture(scope="module")
-def ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def ensemble(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ZooKeeperEnsemble]:
     """A started 3-node ZooKeeper ensemble."""
-    started = _private.zookeeper_helpers().ZooKeeperEnsemble(tmp_path_factory.mktemp("ensemble"))
+    zookeeper_sh = script(request.config, "zookeeper.sh")
+    started = ZooKeeperEnsemble(zookeeper_sh, tmp_path_factory.mktemp("ensemble"))
     try:
         started.start()
         yield started
@@ -292,7 +296,7 @@ def ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def test_zookeeper_leader_killed_under_a_fleet(
-    ensemble: Any, tmp_path: Path, measured: Measured
+    ensemble: ZooKeeperEnsemble, tmp_path: Path, measured: Measured
 ) -> None:
     urls = [
         f"{ensemble.url(f'/failover-{policy}')}?suspended={policy}" for policy in ("lost", "keep")
@@ -332,18 +336,19 @@ def test_zookeeper_leader_killed_under_a_fleet(
 
 
 def test_postgres_primary_killed_standby_promoted_under_a_fleet(
-    tmp_path: Path, measured: Measured
+    request: pytest.FixtureRequest, tmp_path: Path, measured: Measured
 ) -> None:
-    helpers = _private.postgres_helpers()
-    pair = helpers.ReplicatedPair(_private.postgres_bindir())
+    pair = ReplicatedPair(programs(request.config, "pg_basebackup"))
     try:
+        standby = pair.standby
+        assert standby is not None
         url = f"{pair.url}?fencing=true&health_interval=1&connect_timeout=2"
         fleet = Fleet(url, tmp_path)
 
         def fail_over() -> dict[str, float]:
             at = time.monotonic()
             pair.primary.kill()
-            pair.standby.promote()
+            standby.promote()
             return {"the standby promoted after": time.monotonic() - at}
 
         (outcome,) = run_failover([fleet], [url], fail_over)

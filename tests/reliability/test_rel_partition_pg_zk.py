@@ -23,13 +23,14 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 import multilock
 from multilock.testing import poll
+from multilock.testing._servers.postgres import private_server
+from multilock.testing._servers.zookeeper import PrivateZooKeeper
 from multilock_zookeeper._config import KEEP_GRACE_SHARE
 from tests.reliability import _private
 from tests.reliability._fenced import Verdict, history, install, judge
@@ -69,9 +70,9 @@ class Resource:
 
 
 @pytest.fixture(scope="module")
-def resource(netns: Namespace) -> Iterator[Resource]:
+def resource(request: pytest.FixtureRequest, netns: Namespace) -> Iterator[Resource]:
     """A private PostgreSQL with the fenced resource, reachable from the namespace."""
-    server = _private.postgres_server(addresses=("127.0.0.1", netns.host))
+    server = private_server(request.config, addresses=("127.0.0.1", netns.host))
     try:
         here = f"host=127.0.0.1 port={server.port} user=postgres dbname=postgres"
         install(here)
@@ -214,8 +215,10 @@ def check(result: Partition, bound: float) -> None:
 FAULT = "partition: the holder's link to the server cut (packets dropped), fenced resource"
 
 
-def test_partition_postgres(netns: Namespace, resource: Resource, measured: Measured) -> None:
-    server = _private.postgres_server(addresses=("127.0.0.1", netns.host))
+def test_partition_postgres(
+    request: pytest.FixtureRequest, netns: Namespace, resource: Resource, measured: Measured
+) -> None:
+    server = private_server(request.config, addresses=("127.0.0.1", netns.host))
     try:
         server.configure(**SERVER_KEEPALIVE)
         options = f"fencing=true&health_interval={HEALTH_INTERVAL}&health_timeout={HEALTH_TIMEOUT}"
@@ -237,9 +240,13 @@ def test_partition_postgres(netns: Namespace, resource: Resource, measured: Meas
 
 
 @pytest.fixture(scope="module")
-def zookeeper(netns: Namespace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def zookeeper(
+    request: pytest.FixtureRequest, netns: Namespace, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrivateZooKeeper]:
     """A private ZooKeeper listening on the host's end of the namespace's link."""
-    server = _private.zookeeper_server(tmp_path_factory.mktemp("zk"), address=netns.host)
+    server = _private.zookeeper_server(
+        request.config, tmp_path_factory.mktemp("zk"), address=netns.host
+    )
     try:
         yield server
     finally:
@@ -248,7 +255,11 @@ def zookeeper(netns: Namespace, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.mark.parametrize("policy", ["lost", "keep"])
 def test_partition_zookeeper(
-    netns: Namespace, resource: Resource, zookeeper: Any, policy: str, measured: Measured
+    netns: Namespace,
+    resource: Resource,
+    zookeeper: PrivateZooKeeper,
+    policy: str,
+    measured: Measured,
 ) -> None:
     url = (
         f"zookeeper://{netns.host}:{zookeeper.port}/partition"

@@ -33,7 +33,7 @@ def _credentialed(backend: str, request: pytest.FixtureRequest, tmp_path: Path) 
         base = LockURL.parse(request.getfixturevalue("postgres_url"))
         yield f"postgresql://postgres:{SECRET}@{base.host}:{base.port or 5432}{base.path}"
     elif backend == "redis":
-        server = _private.redis_server(tmp_path, SECRET)
+        server = _private.redis_server(request.config, tmp_path, SECRET)
         try:
             yield f"redis://:{SECRET}@127.0.0.1:{server.port}/0?ttl=1s"
         finally:

@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 from multilock.backend import LockURL
+from multilock.testing._servers.postgres import PrivateServer, private_server
+from multilock.testing._servers.redis import RedisServer
+from multilock.testing._servers.zookeeper import PrivateZooKeeper
 from multilock_redis._keys import lock_key
 from tests.reliability import _private
 from tests.reliability._common import crash_bound, fresh_name, hooks, with_options
@@ -79,14 +82,15 @@ def test_server_side_loss_cancels_the_run(
 
 @pytest.mark.parametrize("backend", ["postgres", "redis", "zookeeper"])
 def test_server_restart_cancels_the_run_and_replicas_reconnect(
-    backend: str, tmp_path: Path, measured: Measured
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, measured: Measured
 ) -> None:
+    server: PrivateServer | RedisServer | PrivateZooKeeper
     if backend == "postgres":
-        server = _private.postgres_server()
+        server = private_server(request.config)
     elif backend == "redis":
-        server = _private.redis_server(tmp_path)
+        server = _private.redis_server(request.config, tmp_path)
     else:
-        server = _private.zookeeper_server(tmp_path / "zk")
+        server = _private.zookeeper_server(request.config, tmp_path / "zk")
     url = with_options(server.url, **FAST[backend])
     name = fresh_name("restart")
     # A ZooKeeper restarted with its data keeps the sessions, and the victim's node,

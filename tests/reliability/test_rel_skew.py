@@ -1,14 +1,15 @@
 """Clock skew: the fleet test's replica processes (tests/fleet_replica.py, driven by
-tests/test_fleet.py's ``Fleet``) with clock offsets up to ±(skew_tolerance - 100 ms)
-run every tick exactly once; with offsets beyond the tolerance, a behind replica runs
-ticks again, as docs/scheduler.md says ("Skew beyond the tolerance")."""
+tests/test_fleet.py's ``Fleet``). On the hold path (``claims=0``), clock offsets up to
+±(skew_tolerance - 100 ms) run every tick exactly once, and with offsets beyond the
+tolerance a behind replica runs ticks again, as docs/scheduler.md says; with tick
+claims (the default where the backend claims), the same offsets run every tick once."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -22,11 +23,31 @@ LEASE_TTL = 1.0
 LEADER_POLL = 0.25  # unused: per-job locks
 
 
+class Counted(NamedTuple):
+    """What a fleet run did with its (job, tick) pairs."""
+
+    twice: int  # run more than once
+    missed: int  # never run
+    expected: int
+
+    @property
+    def said(self) -> str:
+        """The measurement, as a row of the results table says it."""
+        return f"{self.expected} (job, tick): {self.twice} twice, {self.missed} missed"
+
+
 def _run(
-    url: str, workdir: Path, offsets: tuple[float, ...], skew: float, grace: float
-) -> tuple[Counter[tuple[str, int]], set[tuple[str, int]]]:
-    """Run the fleet for ``TICKS`` one-second ticks; (runs per (job, tick), expected)."""
-    fleet = Fleet(url, workdir, "lock", offsets, (skew, grace, LEASE_TTL, LEADER_POLL))
+    url: str,
+    workdir: Path,
+    offsets: tuple[float, ...],
+    skew: float,
+    grace: float,
+    claims: bool = False,
+) -> Counted:
+    """Run the fleet for ``TICKS`` one-second ticks, on the hold path unless ``claims``."""
+    path = () if claims else ("claims=0",)
+    timing = (skew, grace, LEASE_TTL, LEADER_POLL)
+    fleet = Fleet(url, workdir, "lock", offsets, timing, options=(path,) * len(offsets))
     fleet.start()
     try:
         first = math.ceil(time.time() + 1.5)  # every replica is scheduling by then
@@ -37,7 +58,8 @@ def _run(
     assert codes == [0] * len(offsets), [fleet.stderr(i) for i in range(len(offsets))]
     runs = fleet.runs()
     expected = fleet.expected(first, last)
-    return Counter({key: n for key, n in runs.items() if key in expected}), expected
+    twice = sum(1 for key, n in runs.items() if key in expected and n > 1)
+    return Counted(twice, len(expected - set(runs)), len(expected))
 
 
 @pytest.mark.parametrize("backend", ["file", "postgres"])
@@ -48,17 +70,16 @@ def test_skew_within_the_tolerance_runs_every_tick_once(
     skew, grace = 0.4, 0.1
     offset = skew - 0.1
     offsets = (-offset, 0.0, offset)
-    runs, expected = _run(request.getfixturevalue(f"{backend}_url"), tmp_path, offsets, skew, grace)
-    twice = sum(1 for n in runs.values() if n > 1)
-    missed = len(expected - set(runs))
+    url = request.getfixturevalue(f"{backend}_url")
+    counted = _run(url, tmp_path, offsets, skew, grace)
     measured(
         f"clock offsets ±{offset * 1000:.0f} ms, skew_tolerance {skew:g} s",
         backend,
         "every (job, tick) exactly once",
-        f"{len(expected)} (job, tick): {twice} twice, {missed} missed",
+        counted.said,
     )
-    assert not twice
-    assert not missed
+    assert not counted.twice
+    assert not counted.missed
 
 
 def test_skew_beyond_the_tolerance_runs_ticks_again(
@@ -69,14 +90,29 @@ def test_skew_beyond_the_tolerance_runs_ticks_again(
     # and its own hold of the tick ends 150 ms before the ahead one tries the next.
     skew, grace, offset = 0.15, 0.05, 0.25
     offsets = (-offset, offset)
-    runs, expected = _run(postgres_url, tmp_path, offsets, skew, grace)
-    twice = sum(1 for n in runs.values() if n > 1)
-    missed = len(expected - set(runs))
+    counted = _run(postgres_url, tmp_path, offsets, skew, grace)
     measured(
         f"clock offsets ±{offset * 1000:.0f} ms, skew_tolerance {skew:g} s",
         "postgres",
         "the behind replica runs ticks again (docs/scheduler.md, its limits)",
-        f"{len(expected)} (job, tick): {twice} twice, {missed} missed",
+        counted.said,
     )
-    assert twice > len(expected) / 2, "skew beyond the tolerance should duplicate ticks"
-    assert not missed
+    assert counted.twice > counted.expected / 2, "skew beyond the tolerance should duplicate ticks"
+    assert not counted.missed
+
+
+def test_skew_beyond_the_tolerance_with_tick_claims_runs_every_tick_once(
+    postgres_url: str, tmp_path: Path, measured: Measured
+) -> None:
+    """The offsets that duplicate ticks on the hold path, with tick claims: each tick once."""
+    skew, grace, offset = 0.15, 0.05, 0.25
+    offsets = (-offset, offset)
+    counted = _run(postgres_url, tmp_path, offsets, skew, grace, claims=True)
+    measured(
+        f"clock offsets ±{offset * 1000:.0f} ms, skew_tolerance {skew:g} s, tick claims",
+        "postgres",
+        "every (job, tick) exactly once (docs/scheduler.md, tick claims)",
+        counted.said,
+    )
+    assert not counted.twice
+    assert not counted.missed

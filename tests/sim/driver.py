@@ -196,6 +196,7 @@ async def simulate(scenario: Scenario) -> History:
         ttl=scenario.backend != "session",
         renewal=scenario.backend == "ttl-renewed",
         latency=scenario.latency,
+        claims=scenario.claims,
     )
     history = History(scenario, world, lives=[Life() for _ in scenario.replicas])
     replicas = [_Replica(i, spec, history) for i, spec in enumerate(scenario.replicas)]

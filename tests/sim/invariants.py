@@ -45,7 +45,8 @@ class _Checker:
     def __init__(self, history: History, assume_within: bool) -> None:
         self.h = history
         self.sc = history.scenario
-        self.within = assume_within or self.sc.within_tolerance
+        # With tick claims, at most once holds whatever the clocks say.
+        self.within = assume_within or self.sc.within_tolerance or self.sc.claims
         self.world = history.world
         self.jobs = {job.name: job for job in self.sc.jobs}
         self.triggers = {job.name: job.trigger() for job in self.sc.jobs}
@@ -94,11 +95,23 @@ class _Checker:
                 continue
             spec = self.jobs[event.job]
             late = self.clock(seen.replica, seen.at) - event.fire_time.timestamp()
-            limit = max(self.sc.grace(spec), self.sc.skew_tolerance) + self.round_trip
+            limit = max(self.grace(spec, event.fire_time), self.sc.skew_tolerance)
+            # A claimed tick starts after its claim, its lock and however late the grant.
+            limit += self.round_trip * (3 if self.sc.claims else 1)
+            if self.sc.claims:
+                limit = math.inf  # a claimed tick runs however late its lock is granted
             if event.delay is None or abs(event.delay - late) > EPS:
                 yield f"{_show(seen)}: delay {event.delay} is not the clock's {late:.6f}"
             if not -EPS <= late <= limit + EPS:
                 yield f"{_show(seen)}: started {late:.6f}s after the tick (limit {limit:g})"
+
+    def grace(self, job: JobSpec, fire: datetime) -> float:
+        """How late a tick may be tried: the misfire grace, plus an interval with claims
+        (``multilock._scheduling.claims.claim_grace``)."""
+        following = self.next_fire(job.name, fire)
+        if not self.sc.claims or following is None:
+            return self.sc.grace(job)
+        return self.sc.grace(job) + (following - fire).total_seconds()
 
     def is_tick(self, job: str, fire: datetime) -> bool:
         spec = self.jobs[job]
@@ -211,6 +224,9 @@ class _Checker:
         once: held, it would only keep the tick from every other replica."""
         if not self.lock_mode:
             return
+        if self.sc.claims:
+            yield from self.released_after_runs()
+            return
         by_token: dict[int, list[RunRecord]] = defaultdict(list)
         for record in self.h.records:
             if record.token is not None:
@@ -250,6 +266,27 @@ class _Checker:
             if ended > high + self.slack + EPS:
                 yield f"{what} was kept until {_t(ended)}, past its hold's end {_t(high)}"
 
+    def released_after_runs(self) -> Iterator[str]:
+        """With claims there is no hold: each job lease a run used is released once its
+        body ends (a lease no run used, at once)."""
+        bodies: dict[int, float] = {}
+        for record in self.h.records:
+            if record.token is not None:
+                bodies[record.token] = max(bodies.get(record.token, -math.inf), _end(record))
+        for grant in self.world.grants.values():
+            if grant.owner == OUTSIDER or grant.name not in self.jobs:
+                continue
+            ended = grant.ended_at or math.inf
+            crashed = self.crashed(grant.owner)
+            if crashed is not None and crashed <= ended:
+                continue
+            done = bodies.get(grant.token, grant.granted_at)
+            if ended > done + self.slack + EPS:
+                yield (
+                    f"{grant.owner} kept the lease {grant.token} on {grant.name!r} until"
+                    f" {_t(ended)}, past its run's end {_t(done)} (claims: no hold)"
+                )
+
     def renewed_and_released(self) -> Iterator[str]:
         for grant in self.world.grants.values():
             if grant.owner == OUTSIDER:
@@ -278,6 +315,12 @@ class _Checker:
             by_tick[(record.job, record.fire)].append(record)
         for (job, fire), records in by_tick.items():
             records.sort(key=lambda r: r.start)
+            if self.sc.claims:  # a claimed tick is never run again, not even after a loss
+                if len(records) > 1:
+                    yield f"{_tick((records[1].replica, job, fire))} ran twice: " + str(
+                        [_run(r) for r in records]
+                    )
+                continue
             spec = self.jobs[job]
             following = self.next_fire(job, fire)
             cut = following is not None and (
@@ -342,7 +385,7 @@ class _Checker:
         if kind is EventKind.MISSED:
             late = self.clock(seen.replica, seen.at) - event.fire_time.timestamp()
             job = self.jobs[event.job]
-            if late < self.sc.grace(job) - EPS:
+            if late < self.grace(job, event.fire_time) - EPS:
                 return f"only {late:.6f}s late"
             if "waited" in reason and not (
                 self.running(seen.replica, event.job, when)
@@ -352,6 +395,16 @@ class _Checker:
             return None
         if kind is not EventKind.SKIPPED_HELD:
             return f"{kind} ({reason})"
+        if reason == "another replica claimed it":
+            fire = round(event.fire_time.timestamp() * 1_000_000)
+            claims = [
+                c
+                for c in self.world.claim_log
+                if c.owner == owner and c.name == event.job and c.fire == fire and c.at <= seen.at
+            ]
+            if not claims or claims[-1].won:
+                return "no lost claim behind it"
+            return None
         if reason == "another replica holds it":
             tries = [
                 t

@@ -103,6 +103,7 @@ class Scenario:
     fast: bool = True
     latency: float = 0.0
     faults: tuple[Fault, ...] = ()
+    claims: bool = False  # the backend claims ticks (TICK_CLAIM), and the scheduler does
 
     @property
     def within_tolerance(self) -> bool:
@@ -199,14 +200,17 @@ def _replica(
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, *, beyond: bool = False, handover: bool = False) -> Scenario:
+def scenarios(
+    draw: st.DrawFn, *, beyond: bool = False, handover: bool = False, claims: bool = False
+) -> Scenario:
     """Scenarios whose clocks are all within ``skew_tolerance`` (``beyond``: some not).
+    ``claims``: the backend claims ticks (lock mode).
 
     ``handover``: leader mode, where the first replica (the leader) stops, crashes or
     loses its lease just after a tick, and the others, steady, take over.
     """
     skew = _ms(draw, 0.03, 0.5)
-    coordination = "leader" if handover else draw(_COORDINATION)
+    coordination = "leader" if handover else "lock" if claims else draw(_COORDINATION)
     jobs = [_job(draw, i, skew) for i in range(_count(draw, 1, 3))]
     # Half the time a job ticks with the first one: their locks are taken in one batch,
     # where some names may be free and others held.
@@ -258,4 +262,5 @@ def scenarios(draw: st.DrawFn, *, beyond: bool = False, handover: bool = False) 
         fast=draw(_COIN),
         latency=_ms(draw, 0.001, 0.02) if draw(_COIN) else 0.0,
         faults=tuple(sorted(faults, key=lambda f: f.at)),
+        claims=claims,
     )

@@ -244,3 +244,11 @@ def test_a_stopping_replicas_last_hold_can_hide_the_next_tick() -> None:
         )
     )
     assert sorted(round(r.fire.timestamp() % 100) for r in history.records) == [0, 1, 3, 4]
+
+
+@settings(SIMULATION, max_examples=max(1, EXAMPLES // 3))
+@given(scenarios(beyond=True, claims=True))
+def test_with_tick_claims_at_most_once_whatever_the_clocks(scenario: Scenario) -> None:
+    """A backend that claims ticks (issue 20): clocks beyond the tolerance too, and
+    still no tick twice; every other invariant as with holds, but for the hold."""
+    check(scenario)

@@ -20,7 +20,17 @@ from typing import TypeVar
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, Capability, LockURL, Outcome
 from multilock.errors import BackendUnavailable, LockLost
 
-__all__ = ["Grant", "Release", "ReplicaClock", "SimLease", "SimLocker", "SimTime", "Try", "World"]
+__all__ = [
+    "Claim",
+    "Grant",
+    "Release",
+    "ReplicaClock",
+    "SimLease",
+    "SimLocker",
+    "SimTime",
+    "Try",
+    "World",
+]
 
 T = TypeVar("T")
 
@@ -105,6 +115,17 @@ class Try:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """One tick claim, as the server decided it."""
+
+    at: float
+    owner: str
+    name: str
+    fire: int  # microseconds since the epoch
+    won: bool
+
+
+@dataclass(frozen=True)
 class Release:
     """One release, from the moment it was sent to the server's answer."""
 
@@ -122,8 +143,13 @@ class World:
     request is decided ``latency`` after it is sent, and answered as long again.
     """
 
-    def __init__(self, time: SimTime, *, ttl: bool, renewal: bool, latency: float) -> None:
+    def __init__(
+        self, time: SimTime, *, ttl: bool, renewal: bool, latency: float, claims: bool = False
+    ) -> None:
         self.time = time
+        self.claims = claims  # TICK_CLAIM: a mark per name, raised by claims
+        self.marks: dict[str, int] = {}
+        self.claim_log: list[Claim] = []
         self.ttl = ttl
         self.renewal = renewal
         self.latency = latency
@@ -138,6 +164,8 @@ class World:
     def capabilities(self) -> frozenset[Capability]:
         """What the modelled backend declares."""
         common = {Capability.FENCING, Capability.LOST_SIGNAL, Capability.BATCH}
+        if self.claims:
+            common.add(Capability.TICK_CLAIM)
         if not self.ttl:
             return frozenset(common | {Capability.SESSION})
         return frozenset(
@@ -157,6 +185,16 @@ class World:
         self.holders[name] = self.grants[grant.token] = grant
         self.tries.append(Try(self.time.now, owner, name, grant.token, None))
         return grant
+
+    def claim(self, owner: str, name: str, fire: int) -> bool:
+        """Decide a tick claim now: raise the mark of ``name`` to ``fire`` if below."""
+        if owner in self.dead:
+            raise BackendUnavailable(f"{owner} is gone")
+        won = self.marks.get(name, -1 << 62) < fire
+        if won:
+            self.marks[name] = fire
+        self.claim_log.append(Claim(self.time.now, owner, name, fire, won))
+        return won
 
     def release(self, grant: Grant) -> bool:
         """Compare-and-delete, decided now; a dead owner's request never arrives."""
@@ -269,6 +307,16 @@ class SimLocker(AsyncLockerBase):
         if not self.fast:
             return None
         return self._started(lambda: {name: self._grant(name, ttl) for name in names})
+
+    async def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        return await self._round_trip(self._claims(names, fires))
+
+    def _start_claim_ticks(self, names: list[str], fires: list[int]) -> Outcome[list[bool]] | None:
+        return self._started(self._claims(names, fires)) if self.fast else None
+
+    def _claims(self, names: list[str], fires: list[int]) -> Callable[[], list[bool]]:
+        world, owner = self.world, self.owner
+        return lambda: [world.claim(owner, n, f) for n, f in zip(names, fires, strict=True)]
 
     async def _close(self) -> None:
         for grant in self.world.held_by(self.owner):

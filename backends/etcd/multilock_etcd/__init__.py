@@ -10,7 +10,7 @@ Installed with ``pip install 'multilock[etcd]'``; used through a URL::
 
 Each acquire is one transaction "create the key if it does not exist" on the locker's
 etcd lease; release is a compare-and-delete on the key's create revision, which is
-also the fencing token. It talks to etcd's v3 JSON gateway over HTTP (httpcore), so it
+also the fencing token. It talks to etcd's v3 JSON gateway over HTTP (h11), so it
 needs no gRPC or protobuf. See ``docs/backends/etcd.md``.
 """
 

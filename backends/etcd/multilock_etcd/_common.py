@@ -39,6 +39,8 @@ CAPABILITIES = frozenset(
 _REQUEST_BYTES = 512 * 1024
 """Most bytes of keys and values in one batch transaction: etcd refuses requests over
 ``--max-request-bytes``, 1.5 MiB by default, and base64 adds a third."""
+_KEYS_CACHED = 4096
+"""Names whose keys (text and base64) a locker keeps, for names locked again and again."""
 _LESSOR_TICK = 0.5
 """etcd looks for expired leases every half second: a dead holder's key may outlive its
 lease's TTL by that much."""
@@ -75,6 +77,7 @@ class EtcdLockerCommon:
         self._held: set[Any] = set()
         self._keeper = Keeper(self._config, self._lost)
         self._watcher = Watcher(self._config, self._lost)
+        self._keys: dict[str, tuple[str, str]] = {}
         return self._config.ttl
 
     @property
@@ -89,19 +92,29 @@ class EtcdLockerCommon:
     def _key(self, name: str) -> bytes:
         return self._config.prefix + name.encode("utf-8")
 
+    def _keys_of(self, name: str) -> tuple[str, str]:
+        """``name``'s key as text and in base64 (kept for the next acquire of ``name``)."""
+        keys = self._keys.get(name)
+        if keys is None:
+            if len(self._keys) >= _KEYS_CACHED:
+                self._keys.clear()
+            key = self._key(name)
+            keys = self._keys[name] = (key.decode("utf-8"), b64(key))
+        return keys
+
     def _requests(self, names: list[str]) -> Iterator[Request]:
         """The transactions of an acquire of ``names``: at most :data:`BATCH` keys and
         about :data:`_REQUEST_BYTES` each."""
         batch = new_token()
         if len(names) == 1:
-            yield Request(names, [b64(self._key(names[0]))], [batch])
+            yield Request(names, [self._keys_of(names[0])[1]], [batch])
             return
         start, size = 0, 0
         for i, name in enumerate(names):
             size += len(name) * 4 + 64  # UTF-8 at worst, twice in base64, and a token
             if i + 1 - start == BATCH or size > _REQUEST_BYTES or i + 1 == len(names):
                 chunk = names[start : i + 1]
-                keys = [b64(self._key(each)) for each in chunk]
+                keys = [self._keys_of(each)[1] for each in chunk]
                 yield Request(chunk, keys, [f"{batch}.{j:x}" for j in range(start, i + 1)])
                 start, size = i + 1, 0
 

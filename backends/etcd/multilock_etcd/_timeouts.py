@@ -1,5 +1,6 @@
-"""A whole request's deadline: ``asyncio.timeout`` on the async side; nothing to add on the
-sync side, whose every socket operation has its own timeout."""
+"""A watch's waits: each bounded by ``asyncio.timeout`` on the async side; nothing to add on
+the sync side, whose every socket operation has its own timeout. (A request's deadline is
+its stream's: see ``_streams``.)"""
 
 from __future__ import annotations
 

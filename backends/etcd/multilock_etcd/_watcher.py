@@ -56,7 +56,8 @@ class Watcher:
     def __init__(self, config: EtcdConfig, on_lost: Callable[[Any, str], None]) -> None:
         self._config = config
         self._on_lost = on_lost
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # hold and discard take it directly: no Python calls
+        self._cond = threading.Condition(self._lock)
         self._held: dict[str, Any] = {}
         self._next: int | None = None  # the revision the next stream starts at
         self._covered: int | None = None  # deletions from this revision on are known
@@ -70,7 +71,7 @@ class Watcher:
     def hold(self, leases: list[Any]) -> None:
         """Watch the keys of ``leases``, just acquired."""
         gone = []
-        with self._cond:
+        with self._lock:
             if not self._held:  # the thread notices within SETTLE: no need to wake it
                 self._open_at = time.monotonic() + SETTLE
             for lease in leases:
@@ -95,7 +96,7 @@ class Watcher:
     def discard(self, lease: Any) -> None:
         """Stop watching ``lease``'s key (released, or lost)."""
         key = lease._wire_key
-        with self._cond:
+        with self._lock:
             if self._held.get(key) is lease:
                 del self._held[key]
 

@@ -17,9 +17,10 @@ import pytest
 import multilock
 from multilock.errors import BackendUnavailable, MultilockError
 from multilock.testing import TcpProxy, apoll, poll
+from multilock.testing._servers import checks
+from multilock.testing._servers.etcd import PrivateEtcd
+from multilock.testing._servers.process import free_port
 from multilock_etcd import EtcdLease, EtcdLocker
-
-from .conftest import PrivateEtcd, _free_port
 
 pytestmark = pytest.mark.faults
 
@@ -39,11 +40,7 @@ def _held(lease: object) -> EtcdLease:
 
 
 def _raises_promptly(call: Callable[[], object]) -> BackendUnavailable:
-    start = time.monotonic()
-    with pytest.raises(BackendUnavailable) as raised:
-        call()
-    assert time.monotonic() - start < PROMPT, f"took {time.monotonic() - start:.2f}s"
-    return raised.value
+    return checks.raises_promptly(call, PROMPT)
 
 
 def _recovers(locker: Any, name: str) -> EtcdLease:
@@ -67,21 +64,7 @@ def test_frozen_server_raises_instead_of_hanging(
     private_etcd: Callable[..., PrivateEtcd],
 ) -> None:
     server = private_etcd()
-
-    async def main() -> None:
-        async with multilock.connect_async(_url(server)) as locker:
-            lease = await locker.try_acquire("warm-up")
-            assert lease is not None
-            server.freeze()
-            try:
-                start = time.monotonic()
-                with pytest.raises(BackendUnavailable, match="no answer in time"):
-                    await locker.try_acquire("frozen")
-                assert time.monotonic() - start < PROMPT
-            finally:
-                server.thaw()
-
-    asyncio.run(main())
+    checks.frozen_acquire_fails_promptly(_url(server), server, PROMPT)
     with multilock.connect(_url(server)) as locker:
         _held(locker.try_acquire("sync-warm-up")).release()
         server.freeze()
@@ -116,7 +99,7 @@ def test_a_revoked_etcd_lease_loses_every_lock_on_it(
 
 def test_a_dead_member_is_skipped(private_etcd: Callable[..., PrivateEtcd]) -> None:
     server = private_etcd()
-    dead = _free_port()
+    dead = free_port()
     url = f"etcd://127.0.0.1:{dead},127.0.0.1:{server.port}/faults?timeout={TIMEOUT}"
     with multilock.connect(url) as locker:
         lease = _held(locker.try_acquire("failover"))
@@ -192,49 +175,17 @@ def test_every_request_keeps_json_shapes() -> None:
     assert json.loads(release_request("YQ==", 5))["compare"][0]["create_revision"] == "5"
 
 
-async def _call(result: Any) -> Any:
-    """The value of a sync call, or of an async one awaited."""
-    return await result if asyncio.iscoroutine(result) else result
-
-
 @pytest.mark.parametrize("api", ["sync", "async"])
 @pytest.mark.parametrize("operation", ["connect", "release", "extend", "locks"])
 def test_no_call_outlives_its_timeout_on_a_frozen_server(
-    private_etcd: Callable[..., PrivateEtcd], api: str, operation: str
+    private_etcd: Callable[..., PrivateEtcd], api: str, operation: checks.Operation
 ) -> None:
     """SIGSTOP: the kernel still completes TCP handshakes and takes bytes; nothing
     answers. A new connection, a release, an extend and ``locks()`` each give up within
     ``timeout``."""
     server = private_etcd()
     lock_url = _url(server, connect_timeout=TIMEOUT)
-
-    async def attempt(locker: Any, lease: Any) -> object:
-        try:
-            if operation == "connect":
-                return await _call(locker.try_acquire("frozen"))
-            if operation == "locks":
-                return await _call(locker.locks())
-            return await _call(getattr(lease, operation)())
-        except MultilockError as exc:
-            return type(exc)
-
-    async def main() -> object:
-        locker: Any = (multilock.connect if api == "sync" else multilock.connect_async)(lock_url)
-        try:
-            lease = None if operation == "connect" else await _call(locker.try_acquire("held"))
-            server.freeze()
-            try:
-                start = time.monotonic()
-                outcome = await attempt(locker, lease)
-                elapsed = time.monotonic() - start
-                assert elapsed < PROMPT, f"{operation} took {elapsed:.2f}s"
-            finally:
-                server.thaw()
-        finally:
-            await _call(locker.close() if api == "sync" else locker.aclose())
-        return outcome
-
-    assert asyncio.run(main()) is BackendUnavailable
+    assert checks.frozen_outcome(lock_url, server, api, operation, PROMPT) is BackendUnavailable
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
@@ -251,15 +202,15 @@ def test_an_answer_trickling_in_is_cut_at_timeout(
     async def main() -> None:
         locker: Any = (multilock.connect if api == "sync" else multilock.connect_async)(lock_url)
         try:
-            await _call(locker.try_acquire("warm-up"))  # the lease granted, a connection kept
+            await checks.call(locker.try_acquire("warm-up"))  # the lease granted, a connection kept
             proxy.trickle(0.1)
             start = time.monotonic()
             with pytest.raises(BackendUnavailable):
-                await _call(locker.try_acquire("trickled"))
+                await checks.call(locker.try_acquire("trickled"))
             elapsed = time.monotonic() - start
             assert elapsed < PROMPT, f"took {elapsed:.2f}s"
         finally:
             proxy.trickle(None)
-            await _call(locker.close() if api == "sync" else locker.aclose())
+            await checks.call(locker.close() if api == "sync" else locker.aclose())
 
     asyncio.run(main())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlencode
@@ -19,9 +18,9 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
+from multilock.testing._servers import checks
+from multilock.testing._servers.etcd import TLSEtcd
 from multilock_etcd import EtcdLease
-
-from .conftest import TLSEtcd
 
 TIMEOUT = 1.0  # request and connect timeouts of the lockers under test
 PROMPT = TIMEOUT + 1.5  # what a refused connection may take on a loaded machine
@@ -39,31 +38,12 @@ def url(server: TLSEtcd, host: str = "localhost", trust: bool = True, **options:
 
 def works(lock_url: str) -> None:
     """A lock can be taken, is exclusive and is released over ``lock_url``."""
-    with multilock.connect(lock_url) as locker:
-        lease = locker.try_acquire("over-tls")
-        assert isinstance(lease, EtcdLease)
-        assert locker.try_acquire("over-tls") is None
-        assert lease.release()
+    checks.works(lock_url, EtcdLease)
 
 
 def refused(lock_url: str, api: str = "sync") -> BackendUnavailable:
     """The error of an acquire over ``lock_url``: one line, within ``PROMPT``."""
-    start = time.monotonic()
-    if api == "sync":
-        with multilock.connect(lock_url) as locker, pytest.raises(BackendUnavailable) as raised:
-            locker.try_acquire("over-tls")
-    else:
-
-        async def main() -> pytest.ExceptionInfo[BackendUnavailable]:
-            async with multilock.connect_async(lock_url) as locker:
-                with pytest.raises(BackendUnavailable) as raised:
-                    await locker.try_acquire("over-tls")
-                return raised
-
-        raised = asyncio.run(main())
-    assert time.monotonic() - start < PROMPT
-    assert "\n" not in str(raised.value)
-    return raised.value
+    return checks.refused(lock_url, api, within=PROMPT)
 
 
 def test_a_verified_server_works_by_name_and_by_address(

@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -26,19 +27,27 @@ from typing import Any
 
 import aiomysql
 import pymysql
-from pymysql.constants import CLIENT
+from pymysql.constants import CLIENT, COMMAND, SERVER_STATUS
+
+from multilock.backend import AsyncMutex
 
 from ._config import Settings
 
 __all__ = [
+    "Answer",
     "AsyncBound",
     "AsyncGuard",
     "AsyncMutex",
     "AsyncWatch",
     "Bound",
     "Guard",
+    "Hangup",
     "Mutex",
+    "Row",
+    "Tap",
     "Watch",
+    "ask",
+    "async_ask",
     "async_connect",
     "async_hang_up",
     "async_is_open",
@@ -49,8 +58,6 @@ __all__ = [
 
 _log = logging.getLogger("multilock.mysql")
 
-AsyncMutex = asyncio.Lock
-"""Serializes the tasks sharing one session connection."""
 
 Mutex = threading.Lock
 """Serializes the threads sharing one session connection."""
@@ -95,7 +102,8 @@ class Guard:
     byte at a time keeps every read short and the round trip alive for ever: the
     process's one watchdog thread (:class:`_Watchdog`) cuts a round trip past its
     due time by shutting the session's socket down, which fails the read in flight,
-    and :attr:`expired` says why.
+    and :attr:`expired` says why. A guard is handed to the watchdog once, and stays
+    with it while round trips follow one another: each one only notes its due time.
     """
 
     def __init__(self, cut: Callable[[], None]) -> None:
@@ -104,6 +112,7 @@ class Guard:
         self._seconds = 0.0
         self.due: float | None = None
         """When the round trip in flight is cut (monotonic), or ``None`` when idle."""
+        self._watched = False  # the watchdog has this guard (it drops idle ones)
         self.expired = False
         """Whether the last round trip was cut for taking too long."""
 
@@ -116,9 +125,12 @@ class Guard:
 
     def __enter__(self) -> None:
         self.expired = False
+        due = time.monotonic() + self._seconds
         with self._lock:
-            self.due = due = time.monotonic() + self._seconds
-        _WATCHDOG.watch(self, due)
+            self.due = due
+            watched, self._watched = self._watched, True
+        if not watched or due < _WATCHDOG.wake:  # new to it, or due before it wakes
+            _WATCHDOG.watch(self, due)
 
     def __exit__(self, *exc: object) -> None:
         with self._lock:
@@ -130,11 +142,13 @@ class Guard:
         with self._lock:
             due = self.due
             if due is None:
+                self._watched = False
                 return True
             if now < due:
                 return False
             self.expired = True
             self.due = None
+            self._watched = False
             sock = getattr(self._conn, "_sock", None)
         if sock is not None:
             try:
@@ -149,13 +163,15 @@ class _Watchdog:
 
     It sleeps until the earliest due time it knows of; a round trip due earlier than
     that wakes it (with one bound for all, the usual case, a new round trip is due
-    later than those before it, and nothing is woken).
+    later than those before it, and nothing is woken). It keeps a guard until it finds
+    it idle or cuts it.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._guards: set[Guard] = set()
-        self._wake = float("inf")
+        self.wake = float("inf")
+        """When it wakes next (monotonic): a due time earlier than this must tell it."""
         self._pid = 0
 
     def watch(self, guard: Guard, due: float) -> None:
@@ -164,10 +180,10 @@ class _Watchdog:
             self._guards.add(guard)
             if self._pid != os.getpid():  # none yet, or this is a forked child
                 self._pid = os.getpid()
-                self._wake = float("inf")
+                self.wake = float("inf")
                 name = "multilock-mysql-watchdog"
                 threading.Thread(target=self._run, name=name, daemon=True).start()
-            elif due < self._wake:
+            elif due < self.wake:
                 self._cond.notify()
 
     def _run(self) -> None:
@@ -180,7 +196,7 @@ class _Watchdog:
                         self._guards.discard(guard)
                     elif guard.due is not None:
                         earliest = min(earliest, guard.due)
-                self._wake = earliest
+                self.wake = earliest
                 self._cond.wait(None if earliest == float("inf") else earliest - now)
 
 
@@ -219,7 +235,14 @@ class AsyncGuard:
         return self
 
     async def __aenter__(self) -> None:
-        loop = asyncio.get_running_loop()
+        self.enter(asyncio.get_running_loop())
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._started = None
+
+    def enter(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a round trip without awaiting (the started path): what ``async with``
+        does on entry; :meth:`leave` ends it."""
         self.expired = False
         self._graced = False
         self._started = now = loop.time()
@@ -230,7 +253,8 @@ class AsyncGuard:
             self._timer.cancel()
             self._arm(loop, due)
 
-    async def __aexit__(self, *exc: object) -> None:
+    def leave(self) -> None:
+        """End the round trip begun by :meth:`enter`."""
         self._started = None
 
     def cancel(self) -> None:
@@ -371,6 +395,84 @@ def async_hang_up(conn: Any) -> None:
     conn.close()
 
 
+# -- the answers to the locker's statements ------------------------------------------------
+
+Row = tuple[bytes | None, ...]
+"""One row as the server wrote it: each column's text, or ``None`` for ``NULL``."""
+
+_STATUS = struct.Struct("<H")
+_MORE = SERVER_STATUS.SERVER_MORE_RESULTS_EXISTS
+
+
+class Answer:
+    """The answer to one query of the locker, read packet by packet (:meth:`feed`): the
+    first row of its last result set (:attr:`row`) and the server's status.
+
+    The drivers' cursors build a result object per statement, decode every column's
+    description and convert every value; the locker's statements answer one short
+    row, which this reads in a few steps. Neither driver asks for ``DEPRECATE_EOF``, so
+    an EOF packet ends the column definitions and the rows of each result set. An
+    error packet never reaches :meth:`feed`: the drivers' ``_read_packet`` raises it.
+    """
+
+    __slots__ = ("_columns", "_skip", "row", "status")
+
+    def __init__(self) -> None:
+        self.row: Row = ()
+        self.status = 0
+        self._columns = -1  # of the result set being read; -1 between result sets
+        self._skip = 0  # column definitions (and their EOF) still to come
+
+    def feed(self, packet: Any) -> bool:
+        """Take the next packet of the answer (a PyMySQL ``MysqlPacket``); whether it
+        was the last."""
+        if self._skip:
+            self._skip -= 1
+            return False
+        if self._columns < 0:  # a statement's answer begins: OK, or a result set
+            if packet.is_ok_packet():
+                packet.advance(1)
+                packet.read_length_encoded_integer()  # affected rows
+                packet.read_length_encoded_integer()  # last insert id
+                return self._ended(packet.read(2))
+            self._columns = packet.read_length_encoded_integer()
+            self._skip = self._columns + 1
+            self.row = ()
+            return False
+        if packet.is_eof_packet():
+            self._columns = -1
+            return self._ended(packet.get_all_data()[3:5])
+        if not self.row:
+            read = packet.read_length_coded_string
+            self.row = tuple([read() for _ in range(self._columns)])
+        return False
+
+    def _ended(self, status: bytes) -> bool:
+        (self.status,) = _STATUS.unpack(status)
+        return not self.status & _MORE
+
+
+def ask(conn: Any, query: bytes) -> Row:
+    """Send ``query`` on a PyMySQL connection and read its :class:`Answer`: the first row
+    of its last result set. Errors as the driver raises them."""
+    conn._execute_command(COMMAND.COM_QUERY, query)
+    answer = Answer()
+    while not answer.feed(conn._read_packet()):
+        pass
+    conn.server_status = answer.status
+    return answer.row
+
+
+async def async_ask(conn: Any, query: bytes) -> Row:
+    """:func:`ask` on an aiomysql connection."""
+    await conn._execute_command(COMMAND.COM_QUERY, query)
+    answer = Answer()
+    while not answer.feed(await conn._read_packet()):
+        pass
+    conn.server_status = answer.status
+    return answer.row
+
+
 # -- the watch: a session's end, seen at once, and the health check -----------------------
 
 # The events of a socket whose peer hung up. POLLRDHUP (Linux) is a FIN alone, so an
@@ -483,26 +585,53 @@ class Watch:
                 thread.join()
 
 
-class _Hangup(asyncio.Protocol):
+class Tap:
+    """What the started path (``_started.py``) reads the session with, in place of
+    aiomysql: the bytes that arrive, and the end of the connection."""
+
+    __slots__ = ()
+
+    def received(self, data: bytes) -> None:
+        """Bytes from the server."""
+
+    def ended(self, exc: Exception | None) -> None:
+        """The server ended the connection (``exc``: how, if known)."""
+
+
+class Hangup(asyncio.Protocol):
     """Stands between a transport and aiomysql's protocol, passing everything on, and
-    says when the peer ends the connection."""
+    says when the peer ends the connection. While :attr:`tap` is set, what arrives
+    goes to it instead: aiomysql is not reading meanwhile."""
 
     def __init__(self, inner: Any, ended: Callable[[], None]) -> None:
         self._inner = inner
         self._ended = ended
+        self.tap: Tap | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        tap = self.tap
+        if tap is None:
+            self._inner.data_received(data)
+        else:
+            tap.received(data)
+
+    def pass_on(self, data: bytes) -> None:
+        """Hand ``data`` to aiomysql after all."""
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         self._ended()
+        if self.tap is not None:
+            self.tap.ended(None)
         return self._inner.eof_received()  # type: ignore[no-any-return]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._ended()
+        if self.tap is not None:
+            self.tap.ended(exc)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -531,10 +660,13 @@ class AsyncWatch:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._endings: set[asyncio.Task[None]] = set()
+        self.protocol: Hangup | None = None
+        """The protocol in front of aiomysql's on the session watched last."""
 
     def watch(self, conn: Any) -> None:
         """Be told when the server ends ``conn``'s session (``None``: nothing to do)."""
         self.ensure_running()
+        self.protocol = None
         if conn is None:
             return
         transport = conn._writer.transport
@@ -551,7 +683,8 @@ class AsyncWatch:
             self._endings.add(task)
             task.add_done_callback(self._endings.discard)
 
-        transport.set_protocol(_Hangup(transport.get_protocol(), ended))
+        self.protocol = Hangup(transport.get_protocol(), ended)
+        transport.set_protocol(self.protocol)
 
     def ensure_running(self) -> None:
         """Start the health task in the running loop unless it runs there: a locker

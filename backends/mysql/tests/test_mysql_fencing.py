@@ -12,8 +12,9 @@ import pytest
 
 import multilock
 from multilock.errors import ConfigurationError, InvalidOption
+from multilock.testing._servers.mysql import PrivateServer
 
-from .conftest import PrivateServer, query, with_options
+from .conftest import query, with_options
 
 
 def _admin(server: PrivateServer) -> Any:

@@ -14,9 +14,10 @@ import pytest
 
 import multilock
 from multilock.errors import ConfigurationError
+from multilock.testing._servers.mysql import PrivateServer, private_server
 from multilock_mysql import AsyncMySQLLocker, MySQLLocker, lock_key
 
-from .conftest import PrivateServer, connect, private_server, query, with_options
+from .conftest import connect, query, with_options
 
 
 def _check_listing(url: str, source: str, program: str | None) -> None:

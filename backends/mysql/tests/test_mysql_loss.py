@@ -18,9 +18,10 @@ import multilock
 from multilock import LostSignal
 from multilock.errors import BackendUnavailable, LockLost
 from multilock.testing import TcpProxy, poll
+from multilock.testing._servers.mysql import PrivateServer
 from multilock_mysql import AsyncMySQLLocker, MySQLLocker
 
-from .conftest import PrivateServer, query, with_options
+from .conftest import query, with_options
 
 SOON = 0.5  # seconds: a hang-up is seen in milliseconds; this is slack for a loaded machine
 INTERVAL, TIMEOUT = 0.5, 0.5

@@ -11,10 +11,11 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import InvalidOption, InvalidURL, MultilockError
+from multilock.testing._servers.mysql import PrivateServer
 from multilock_mysql import AsyncMySQLLocker, MySQLLocker
 from multilock_mysql._config import default_program_name, parse_settings
 
-from .conftest import PrivateServer, with_options
+from .conftest import with_options
 
 
 def test_unknown_option_is_named(mysql_url: str) -> None:

@@ -14,7 +14,6 @@ import asyncio
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,12 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable, InvalidOption, MultilockError
+from multilock.testing._servers import checks
+from multilock.testing._servers.mysql import PrivateServer, private_server
 from multilock_mysql import AsyncMySQLLocker, MySQLLease
 from multilock_mysql._config import parse_settings
 
-from .conftest import PrivateServer, private_server, with_options
+from .conftest import with_options
 
 PROMPT = 3.0  # what a refused connection may take on a loaded machine
 CLIENT = "multilock-client"  # the user that needs the test client certificate
@@ -98,31 +99,12 @@ def wrong_name(tls_server: TLSServer, test_ca: Path) -> Iterator[TLSServer]:
 
 def works(url: str) -> None:
     """A lock can be taken, is exclusive and is released over ``url``."""
-    with multilock.connect(url) as locker:
-        lease = locker.try_acquire("over-tls")
-        assert isinstance(lease, MySQLLease)
-        assert locker.try_acquire("over-tls") is None
-        assert lease.release()
+    checks.works(url, MySQLLease)
 
 
 def refused(url: str, api: str = "sync") -> MultilockError:
     """The error of an acquire over ``url``: one line, within ``PROMPT``."""
-    start = time.monotonic()
-    if api == "sync":
-        with multilock.connect(url) as locker, pytest.raises(MultilockError) as raised:
-            locker.try_acquire("over-tls")
-    else:
-
-        async def main() -> pytest.ExceptionInfo[MultilockError]:
-            async with multilock.connect_async(url) as locker:
-                with pytest.raises(MultilockError) as raised:
-                    await locker.try_acquire("over-tls")
-                return raised
-
-        raised = asyncio.run(main())
-    assert time.monotonic() - start < PROMPT
-    assert "\n" not in str(raised.value)
-    return raised.value
+    return checks.refused(url, api, within=PROMPT, error=MultilockError)
 
 
 def test_a_verified_server_works_by_name_and_by_address(

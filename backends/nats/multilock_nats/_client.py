@@ -17,13 +17,20 @@ nats-py is asyncio only: a client belongs to the loop that first uses it. It con
 without nats-py's reconnection (which would replay buffered publishes later, unseen): a
 lost connection fails the calls in flight, and the next call connects again, bounded by
 ``connect_timeout``.
+
+:meth:`Client.send` is the started path's request: sent on nats-py's connection during
+the call, its reply handed to a callback from nats-py's reader (see :class:`_Reply`)
+-- no task and no ``wait_for`` per request, and a caller cancelled meanwhile leaves the
+reply to that callback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,19 +40,34 @@ import nats.aio.client
 import nats.errors
 import nats.js
 import nats.js.errors
+from nats.aio.msg import Msg
+from nats.aio.transport import TcpTransport
 from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
+from nats.protocol.command import hpub_cmd, pub_cmd
 
 from multilock.errors import MultilockError
 
 from ._config import NatsConfig
 from ._errors import NATS_ERRORS, WRONG_LAST_SEQUENCE, NoTLS
 
-__all__ = ["FENCE_HEADER", "Client", "Holder"]
+__all__ = ["FENCE_HEADER", "Client", "Holder", "Settle", "answer", "purged", "sequence"]
 
 _log = logging.getLogger("multilock.nats")
 _EXPECT_LAST = "Nats-Expected-Last-Subject-Sequence"
 FENCE_HEADER = "Multilock-Fence"
 _MARKERS = frozenset({"DEL", "PURGE"})
+_CREATE_HEADERS = f"NATS/1.0\r\n{_EXPECT_LAST}: 0\r\n\r\n".encode()
+_NO_RESPONDERS = "503"
+
+# nats-py's private state that :meth:`Client.send` uses; without it (another nats-py),
+# every request awaits nats-py's own ``request``.
+_SEND_STATE = frozenset(
+    {"_resp_map", "_resp_sub_prefix", "_pending", "_pending_data_size", "_max_pending_size",
+     "_flush_queue", "_flusher_task", "_transport", "stats"}
+)  # fmt: skip
+
+Settle = Callable[[Msg | None, BaseException | None], None]
+"""A started request's callback: its reply, or the error it met (never both)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +102,34 @@ class _Connection(nats.aio.client.Client):
         await super()._process_info(info, initial_connection)
 
 
+class _Reply(asyncio.Future[Msg]):
+    """A started request's slot in nats-py's response map (what its own ``request``
+    puts there): nats-py's reader sets the reply, which goes to ``settle`` at once --
+    rather than waking a waiter one event-loop turn later, and the caller one more. A
+    reply that does not come within the timeout settles with nats-py's timeout error."""
+
+    def __init__(self, responses: dict[str, Any], token: str, timeout: float, settle: Settle):
+        super().__init__()
+        self._responses, self._token, self._settle = responses, token, settle
+        self._timer = self.get_loop().call_later(timeout, self._expire)
+
+    def set_result(self, result: Msg, /) -> None:
+        """The reply is in (nats-py's reader, or its request subscription's callback)."""
+        if self.done():
+            return
+        super().set_result(result)
+        self._timer.cancel()
+        self._responses.pop(self._token, None)
+        self._settle(result, None)
+
+    def _expire(self) -> None:
+        if self.done():
+            return
+        super().cancel()  # done, with nothing left for nobody to read
+        self._responses.pop(self._token, None)
+        self._settle(None, nats.errors.TimeoutError())
+
+
 class Client:
     """A connection to the NATS servers of a URL, and its bucket, in one event loop."""
 
@@ -90,6 +140,10 @@ class Client:
         self._nc: nats.aio.client.Client | None = None
         self._js: nats.js.JetStreamContext | None = None
         self._lock: asyncio.Lock | None = None
+        # Started requests' reply tokens: unlike nats-py's (a NUID and 4 hex digits) in
+        # length, so never one of its own requests'.
+        self._tokens = itertools.count()
+        self._can_send = False
 
     async def ready(self) -> nats.js.JetStreamContext:
         """The JetStream context, connecting (and finding or creating the bucket) first
@@ -127,6 +181,7 @@ class Client:
                 await _close(nc)
                 raise
             self._nc, self._js = nc, js
+            self._can_send = _SEND_STATE.issubset(vars(nc))
             return js
 
     async def _bucket(self, js: nats.js.JetStreamContext) -> float:
@@ -172,10 +227,55 @@ class Client:
             )
         except nats.errors.NoRespondersError:
             raise nats.js.errors.NoStreamResponseError from None
-        answer = json.loads(reply.data)
-        if "error" in answer:
-            nats.js.errors.APIError.from_error(answer["error"])
-        return int(answer["seq"])
+        return sequence(reply)
+
+    def send(self, subject: str, payload: bytes, settle: Settle, *, create: bool = False) -> bool:
+        """Send a request now, without awaiting (the started path); ``create``: expecting
+        no message on ``subject`` (an acquire's headers). ``settle`` is called once: from
+        nats-py's reader with the reply, or with nats-py's timeout error after
+        ``timeout``. ``False``, with nothing sent, when the request cannot go at once
+        (not connected, nats-py's reply subscription not made yet, its buffer full):
+        await the request instead.
+
+        It is nats-py's ``request`` and ``publish`` made by hand, on their private
+        state (``_SEND_STATE``, checked per connection): the reply slot in its response
+        map; the command written to the socket if nothing is queued before it, else
+        queued and the flusher woken, as ``publish`` does.
+        """
+        nc = self._nc
+        if nc is None or not self._can_send or not nc.is_connected or nc.is_draining_pubs:
+            return False
+        prefix, flushing, flusher = nc._resp_sub_prefix, nc._flush_queue, nc._flusher_task
+        if not prefix or flushing is None or flushing.full() or flusher is None or flusher.done():
+            return False
+        token = f"m{next(self._tokens)}"
+        inbox = prefix.decode() + token
+        if create:
+            command = hpub_cmd(subject, inbox, _CREATE_HEADERS, payload)
+        else:
+            command = pub_cmd(subject, inbox, payload)
+        if nc._pending_data_size + len(command) > nc._max_pending_size:
+            return False  # publish would wait for the flush: let it
+        nc._resp_map[token] = _Reply(nc._resp_map, token, self.config.timeout, settle)
+        nc.stats["out_msgs"] += 1
+        nc.stats["out_bytes"] += len(payload)
+        if not nc._pending and isinstance(nc._transport, TcpTransport):
+            # Nothing queued before it: to the socket now (as nats-py writes a PING), an
+            # event-loop turn before its flusher would.
+            nc._transport.write(command)  # type: ignore[no-untyped-call]
+            return True
+        nc._pending.append(command)
+        nc._pending_data_size += len(command)
+        if flushing.empty():
+            flushing.put_nowait(asyncio.get_running_loop().create_future())
+        return True
+
+    def purge_request(self, subject: str, revision: int) -> tuple[str, bytes]:
+        """The subject and payload of a purge of ``subject`` up to ``revision``."""
+        # A subject of the bucket needs no JSON escape (see _keys; the bucket's name and
+        # the prefix are checked alike): formatted, not json.dumps'd, on the hot path.
+        payload = f'{{"filter":"{subject}","seq":{revision + 1}}}'.encode()
+        return f"$JS.API.STREAM.PURGE.{self.config.stream}", payload
 
     async def acquire(self, subject: str, token: bytes) -> int | None:
         """Store ``token`` as ``subject``'s only message; its revision, or ``None`` if the
@@ -185,7 +285,14 @@ class Client:
         except nats.js.errors.APIError as exc:
             if exc.err_code != WRONG_LAST_SEQUENCE:
                 raise
-            last = _last_sequence(exc)
+            return await self.acquire_refused(subject, token, exc)
+
+    async def acquire_refused(
+        self, subject: str, token: bytes, refusal: nats.js.errors.APIError
+    ) -> int | None:
+        """:meth:`acquire` after the server's ``refusal`` (the subject has a message):
+        ``None``, unless that message is a KV client's marker -- then once more."""
+        last = _last_sequence(refusal)
         if last is None or not await self._is_marker(await self.ready(), last):
             return None
         try:  # a delete or purge marker of a KV client: the key is free
@@ -218,14 +325,8 @@ class Client:
         if self._nc is None or not self._nc.is_connected:
             await self.ready()
         assert self._nc is not None
-        request = json.dumps({"filter": subject, "seq": revision + 1}).encode()
-        reply = await self._nc.request(
-            f"$JS.API.STREAM.PURGE.{self.config.stream}", request, timeout=self.config.timeout
-        )
-        answer = json.loads(reply.data)
-        if "error" in answer:
-            nats.js.errors.APIError.from_error(answer["error"])
-        return int(answer.get("purged", 0)) > 0
+        purge, request = self.purge_request(subject, revision)
+        return purged(await self._nc.request(purge, request, timeout=self.config.timeout))
 
     async def holders(self) -> list[Holder]:
         """Every key of the bucket under the locker's prefix, with its last message.
@@ -289,6 +390,28 @@ class Client:
     async def close(self) -> None:
         """Close the connection (bounded by the timeout; errors are of no use now)."""
         await self._discard()
+
+
+def answer(reply: Msg) -> dict[str, Any]:
+    """A JetStream API reply, decoded; its error raised (``APIError``), and no responder
+    (no stream on the subject) as ``NoStreamResponseError``."""
+    headers = reply.headers
+    if headers and headers.get("Status") == _NO_RESPONDERS:
+        raise nats.js.errors.NoStreamResponseError
+    decoded: dict[str, Any] = json.loads(reply.data)
+    if "error" in decoded:
+        nats.js.errors.APIError.from_error(decoded["error"])
+    return decoded
+
+
+def sequence(reply: Msg) -> int:
+    """A publish's acknowledgement: the message's stream sequence."""
+    return int(answer(reply)["seq"])
+
+
+def purged(reply: Msg) -> bool:
+    """A purge's answer: whether it removed a message."""
+    return int(answer(reply).get("purged", 0)) > 0
 
 
 def _last_sequence(exc: nats.js.errors.APIError) -> int | None:

@@ -5,7 +5,8 @@ nats-py is asyncio only, so the flows are written once, as coroutines over a
 the caller's loop; the sync locker runs them on its client in a portal (a loop in a
 thread of its own) and waits for each. Both renew from a portal: the sync locker's own,
 or, for the async locker, one it starts beside the caller's loop with a client of its
-own -- so that a blocked caller's loop cannot starve the renewal.
+own -- so that a blocked caller's loop cannot starve the renewal. The async locker
+sends an acquire or a release at once where it can, with no task (``_started``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Any, TypeVar, cast
 
 from multilock.abc import LockInfo
 from multilock.backend import (
@@ -23,6 +25,7 @@ from multilock.backend import (
     LeaseBase,
     LockerBase,
     LockURL,
+    Outcome,
     new_token,
 )
 from multilock.errors import ConfigurationError, LockLost
@@ -33,6 +36,7 @@ from ._errors import NATS_ERRORS, translate
 from ._keys import escape, unescape
 from ._portal import Portal
 from ._renewal import Renewer
+from ._started import start_acquire, start_release
 
 __all__ = ["AsyncNatsLease", "AsyncNatsLocker", "NatsLease", "NatsLocker"]
 
@@ -95,6 +99,10 @@ class AsyncNatsLease(_LeaseFields, AsyncLeaseBase):
 
     async def _release(self) -> bool:
         return await self._locker._release_lease(self)
+
+    def _start_release(self) -> Outcome[bool] | None:
+        locker = self._locker
+        return start_release(locker, locker._client, locker._renewal(), self)
 
     async def _extend(self, ttl: float | None) -> float:
         return await self._locker._extend_lease(self, self._ttl if ttl is None else ttl)
@@ -165,14 +173,29 @@ class _NatsCommon:
         expires_at = None
         for name, subject, token, revision in zip(names, subjects, tokens, answers, strict=True):
             if isinstance(revision, int):
-                lease = cls(name, subject[len(self._config.subjects) :], token, revision, span,
-                            expires_at=expires_at)  # fmt: skip
+                lease = self._lease(cls, name, subject, token, revision, ttl, span, expires_at)
                 expires_at = lease.expires_at  # granted together: one expiry serves them
-                lease._locker = self  # type: ignore[assignment]
-                lease._subject, lease._token, lease._rev = subject, token.encode(), revision
-                lease._ttl, lease._span, lease._renewing = ttl, span, None
                 result[name] = lease
         return result, start
+
+    def _lease(
+        self,
+        cls: type[L],
+        name: str,
+        subject: str,
+        token: str,
+        revision: int,
+        ttl: float,
+        span: float,
+        expires_at: datetime | None = None,
+    ) -> L:
+        """The lease on ``name`` that the write of ``token`` at ``revision`` granted."""
+        lease = cls(name, subject[len(self._config.subjects) :], token, revision, span,
+                    expires_at=expires_at)  # fmt: skip
+        lease._locker = self  # type: ignore[assignment]
+        lease._subject, lease._token, lease._rev = subject, token.encode(), revision
+        lease._ttl, lease._span, lease._renewing = ttl, span, None
+        return lease
 
     def _track(self, renewer: Renewer, result: dict[str, Any], start: float) -> None:
         leases = [lease for lease in result.values() if lease is not None]
@@ -278,8 +301,26 @@ class NatsLocker(_NatsCommon, LockerBase):
         except TimeoutError as exc:
             raise translate(exc, self._url, "waiting for nats-py") from None
 
+    def _call_started(self, start: Any, work: Any) -> Any:
+        """:meth:`_call` of ``work`` (a coroutine function), unless ``start()`` (a started
+        path, in the portal's loop) sends the request at once: then its outcome."""
+        try:
+            return self._in_portal().portal.call_started(start, work, self._call_limit())
+        except TimeoutError as exc:
+            raise translate(exc, self._url, "waiting for nats-py") from None
+
     def _try_acquire(self, name: str, ttl: float) -> LeaseBase | None:
-        return self._try_acquire_many([name], ttl)[name]
+        renewer = self._in_portal()
+        lease: LeaseBase | None = self._call_started(
+            lambda: start_acquire(self, renewer.client, renewer, name, ttl, NatsLease),
+            lambda: self._acquire_one(renewer, name, ttl),
+        )
+        return lease
+
+    async def _acquire_one(self, renewer: Renewer, name: str, ttl: float) -> NatsLease | None:
+        result, start = await self._acquire_in(renewer.client, [name], ttl, NatsLease)
+        self._track(renewer, result, start)
+        return result[name]
 
     def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
         if not names:
@@ -291,7 +332,12 @@ class NatsLocker(_NatsCommon, LockerBase):
 
     def _release_lease(self, lease: NatsLease) -> bool:
         renewer = self._in_portal()
-        return bool(self._call(self._release_in(renewer.client, renewer, lease)))
+        return bool(
+            self._call_started(
+                lambda: start_release(self, renewer.client, renewer, lease),
+                lambda: self._release_in(renewer.client, renewer, lease),
+            )
+        )
 
     def _extend_lease(self, lease: NatsLease, ttl: float) -> float:
         renewer = self._in_portal()
@@ -327,6 +373,11 @@ class AsyncNatsLocker(_NatsCommon, AsyncLockerBase):
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         return (await self._try_acquire_many([name], ttl))[name]
+
+    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None] | None:
+        started = start_acquire(self, self._client, self._renewal(), name, ttl, AsyncNatsLease)
+        # An outcome of our leases is one of the kit's: Future is only invariant in name.
+        return cast("Outcome[AsyncLeaseBase | None] | None", started)
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float

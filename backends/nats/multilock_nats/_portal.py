@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
 __all__ = ["Portal"]
@@ -48,6 +49,38 @@ class Portal:
             future.cancel()
             raise TimeoutError(f"no outcome within {limit:g}s") from None
 
+    def call_started(
+        self,
+        start: Callable[[], asyncio.Future[T] | None],
+        work: Callable[[], Coroutine[Any, Any, T]],
+        limit: float,
+    ) -> T:
+        """:meth:`call`, with no task where it can: ``start()``, in the portal's loop,
+        sends the request and returns a future of its outcome, or ``None`` with nothing
+        sent -- then ``work()`` runs as :meth:`call` runs it."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        running: list[asyncio.Future[T]] = []
+
+        def begin() -> None:
+            if not done.set_running_or_notify_cancel():
+                return  # timed out before it began
+            try:
+                future = start() or asyncio.ensure_future(work())
+            except BaseException as exc:
+                done.set_exception(exc)
+                return
+            running.append(future)
+            future.add_done_callback(partial(_copy, done))
+
+        self.loop.call_soon_threadsafe(begin)
+        try:
+            return done.result(limit)
+        except concurrent.futures.TimeoutError:
+            # A started request ends by its own timeout; a task is cancelled, as by call.
+            done.cancel()
+            self.loop.call_soon_threadsafe(lambda: [f.cancel() for f in running])
+            raise TimeoutError(f"no outcome within {limit:g}s") from None
+
     def stop(self, last: Coroutine[Any, Any, object] | None = None) -> None:
         """Run ``last`` (a cleanup), then stop the loop and wait for the thread."""
         if not self._thread.is_alive():
@@ -62,3 +95,15 @@ class Portal:
         self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self._thread:
             self._thread.join(_STOP_WAIT)
+
+
+def _copy(into: concurrent.futures.Future[T], future: asyncio.Future[T]) -> None:
+    """Settle ``into`` as ``future`` was (unless it was given up on)."""
+    if into.done():
+        return
+    if future.cancelled():
+        into.cancel()
+    elif (error := future.exception()) is not None:
+        into.set_exception(error)
+    else:
+        into.set_result(future.result())

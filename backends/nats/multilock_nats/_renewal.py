@@ -120,6 +120,15 @@ class Renewer:
             except TimeoutError:
                 return  # a renewal that hangs: write with what we know
 
+    def take(self, lease: Any) -> bool:
+        """:meth:`claim` without waiting: ``False``, with nothing claimed, if a renewal
+        or another write of ``lease`` is in flight."""
+        with self._guard:
+            if lease._renewing is not None:
+                return False
+            lease._renewing = _WRITING
+            return True
+
     def unclaim(self, lease: Any) -> None:
         """The write :meth:`claim` held the renewal off for is done."""
         with self._guard:

@@ -6,17 +6,14 @@ required. ``make_url`` gives each test a bucket of its own, deleted after the te
 that the shared server keeps nothing of the run. Tests that break a server get a private
 ``nats-server`` on a free port (``private_nats``); the TLS tests' servers present
 certificates of a throwaway CA made by the repository's ``scripts/test-ca`` (``test_ca``).
+The servers themselves are the repository's test support,
+:mod:`multilock.testing._servers.nats`: these are only their fixtures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,10 +24,11 @@ import nats
 import pytest
 
 from multilock.backend import LockURL
-from multilock.testing import require_backends, server_url
+from multilock.testing import server_url
+from multilock.testing._servers import unavailable
+from multilock.testing._servers.nats import PrivateNats
 
 DEFAULT_URL = "nats://127.0.0.1:4222/multilock-test"
-SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
 @pytest.fixture(scope="session")
@@ -76,74 +74,6 @@ def make_url(nats_url: str) -> Iterator[Callable[..., str]]:
         delete_buckets(f"nats://{host}:{port}", [bucket])
 
 
-class PrivateNats:
-    """A ``nats-server`` with JetStream of our own: ``start()``, ``stop()``, ``freeze()``."""
-
-    def __init__(self, store: Path, *auth: str) -> None:
-        """``auth``: more ``nats-server`` flags (credentials, TLS)."""
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port: int = probe.getsockname()[1]
-        self.store = store
-        self.auth = auth
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def url(self, bucket: str = "faults", userinfo: str = "") -> str:
-        """A lock URL of a bucket on this server, without options."""
-        at = f"{userinfo}@" if userinfo else ""
-        return f"nats://{at}127.0.0.1:{self.port}/{bucket}"
-
-    def start(self) -> None:
-        """Start it (on the same store as before) and wait until it takes connections."""
-        executable = shutil.which("nats-server")
-        if executable is None:
-            raise RuntimeError("nats-server is not installed")
-        self.process = subprocess.Popen(
-            [executable, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store),
-             *self.auth],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError(f"nats-server on port {self.port} did not start") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        """Kill it (SIGKILL: a crash) and wait for it to exit."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(timeout=10)
-            self.process = None
-
-    def freeze(self) -> None:
-        """Stop it where it stands (SIGSTOP): connections stay open, nothing answers.
-        Returns once every thread of it is stopped (a thread running on another core
-        at the signal could otherwise still answer one more request)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-        tasks = Path(f"/proc/{self.process.pid}/task")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            states = [
-                (task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()
-            ]
-            if all(state in "Tt" for state in states):
-                return
-            time.sleep(0.005)
-
-    def thaw(self) -> None:
-        """Let a frozen server go on."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-
 @pytest.fixture
 def private_nats(
     request: pytest.FixtureRequest, tmp_path: Path
@@ -156,22 +86,10 @@ def private_nats(
         servers.append(server)
         try:
             server.start()
-        except RuntimeError as exc:  # not installed, or did not start in time
-            if require_backends(request.config):
-                pytest.fail(str(exc), pytrace=False)
-            pytest.skip(str(exc))
+        except (RuntimeError, AssertionError) as exc:  # not installed, or did not start in time
+            unavailable(request.config, str(exc))
         return server
 
     yield make
     for server in servers:
         server.stop()
-
-
-def tls_flags(ca: Path, cert: str = "server", client_auth: bool = False) -> tuple[str, ...]:
-    """``nats-server`` flags for TLS with ``{cert}.crt`` of the test CA ``ca``, wanting a
-    client certificate of that CA when ``client_auth``."""
-    flags: tuple[str, ...] = ("--tls", "--tlscert", str(ca / f"{cert}.crt"))
-    flags += ("--tlskey", str(ca / f"{cert}.key"))
-    if client_auth:
-        flags += ("--tlsverify", "--tlscacert", str(ca / "ca.crt"))
-    return flags

@@ -18,9 +18,9 @@ from nats.js.api import KeyValueConfig
 import multilock
 from multilock.errors import BackendUnavailable, MultilockError
 from multilock.testing import poll
+from multilock.testing._servers import checks
+from multilock.testing._servers.nats import PrivateNats
 from multilock_nats import NatsLease
-
-from .conftest import PrivateNats
 
 pytestmark = pytest.mark.faults
 
@@ -40,11 +40,7 @@ def _held(lease: object) -> NatsLease:
 
 
 def _raises_promptly(call: Callable[[], object]) -> BackendUnavailable:
-    start = time.monotonic()
-    with pytest.raises(BackendUnavailable) as raised:
-        call()
-    assert time.monotonic() - start < PROMPT, f"took {time.monotonic() - start:.2f}s"
-    return raised.value
+    return checks.raises_promptly(call, PROMPT)
 
 
 def test_server_down_raises_then_the_locker_recovers(
@@ -63,21 +59,7 @@ def test_frozen_server_raises_instead_of_hanging(
     private_nats: Callable[..., PrivateNats],
 ) -> None:
     server = private_nats()
-
-    async def main() -> None:
-        async with multilock.connect_async(_url(server)) as locker:
-            lease = await locker.try_acquire("warm-up")
-            assert lease is not None
-            server.freeze()
-            try:
-                start = time.monotonic()
-                with pytest.raises(BackendUnavailable, match="no answer in time"):
-                    await locker.try_acquire("frozen")
-                assert time.monotonic() - start < PROMPT
-            finally:
-                server.thaw()
-
-    asyncio.run(main())
+    checks.frozen_acquire_fails_promptly(_url(server), server, PROMPT)
 
 
 def test_a_lease_not_renewed_in_time_is_lost_by_its_expiry(
@@ -155,49 +137,16 @@ def test_a_key_deleted_by_a_kv_client_is_free(private_nats: Callable[..., Privat
         assert again.release()
 
 
-async def _call(result: Any) -> Any:
-    """The value of a sync call, or of an async one awaited."""
-    return await result if asyncio.iscoroutine(result) else result
-
-
 @pytest.mark.parametrize("api", ["sync", "async"])
 @pytest.mark.parametrize("operation", ["connect", "release", "extend", "locks"])
 def test_no_call_outlives_its_timeout_on_a_frozen_server(
-    private_nats: Callable[..., PrivateNats], api: str, operation: str
+    private_nats: Callable[..., PrivateNats], api: str, operation: checks.Operation
 ) -> None:
     """SIGSTOP: the kernel still completes TCP handshakes and takes bytes; nothing
     answers. A new connection, a release, an extend and ``locks()`` each give up within
     their timeout."""
     server = private_nats()
-
-    async def attempt(locker: Any, lease: Any) -> object:
-        try:
-            if operation == "connect":
-                return await _call(locker.try_acquire("frozen"))
-            if operation == "locks":
-                return await _call(locker.locks())
-            return await _call(getattr(lease, operation)())
-        except MultilockError as exc:
-            return type(exc)
-
-    async def main() -> object:
-        connect = multilock.connect if api == "sync" else multilock.connect_async
-        locker: Any = connect(_url(server))
-        try:
-            lease = None if operation == "connect" else await _call(locker.try_acquire("held"))
-            server.freeze()
-            try:
-                start = time.monotonic()
-                outcome = await attempt(locker, lease)
-                elapsed = time.monotonic() - start
-                assert elapsed < PROMPT, f"{operation} took {elapsed:.2f}s"
-            finally:
-                server.thaw()
-        finally:
-            await _call(locker.close() if api == "sync" else locker.aclose())
-        return outcome
-
-    assert asyncio.run(main()) is BackendUnavailable
+    assert checks.frozen_outcome(_url(server), server, api, operation, PROMPT) is BackendUnavailable
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
@@ -213,15 +162,15 @@ def test_locks_lists_every_key_of_its_prefix_and_nothing_else(
         mine: Any = connect(_url(server, prefix="app."))
         other: Any = connect(_url(server, prefix="other."))
         try:
-            assert await _call(mine.locks()) == []  # an empty bucket: no wait for nothing
-            held = await _call(mine.try_acquire_many(ours))
-            assert await _call(other.try_acquire("job-0")) is not None
-            assert await _call(mine.try_acquire("deleted")) is not None
+            assert await checks.call(mine.locks()) == []  # an empty bucket: no wait for nothing
+            held = await checks.call(mine.try_acquire_many(ours))
+            assert await checks.call(other.try_acquire("job-0")) is not None
+            assert await checks.call(mine.try_acquire("deleted")) is not None
             nc = await nats.connect(f"nats://127.0.0.1:{server.port}", allow_reconnect=False)
             await (await nc.jetstream().key_value("faults")).delete("app.deleted")
             await nc.close()
             start = time.monotonic()
-            listed = await _call(mine.locks())
+            listed = await checks.call(mine.locks())
             assert time.monotonic() - start < PROMPT
             assert sorted(info.name for info in listed) == sorted(ours)
             tokens = {name: lease.fencing_token for name, lease in held.items()}
@@ -230,6 +179,6 @@ def test_locks_lists_every_key_of_its_prefix_and_nothing_else(
                 assert info.expires_at is not None
         finally:
             for locker in (mine, other):
-                await _call(locker.close() if api == "sync" else locker.aclose())
+                await checks.call(locker.close() if api == "sync" else locker.aclose())
 
     asyncio.run(main())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlencode
@@ -21,9 +20,9 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
+from multilock.testing._servers import checks
+from multilock.testing._servers.nats import PrivateNats, tls_flags
 from multilock_nats import NatsLease
-
-from .conftest import PrivateNats, tls_flags
 
 TIMEOUT = 1.0  # request and connect timeouts of the lockers under test
 PROMPT = TIMEOUT + 1.5  # what a refused connection may take on a loaded machine
@@ -54,31 +53,12 @@ def url(
 
 def works(lock_url: str) -> None:
     """A lock can be taken, is exclusive and is released over ``lock_url``."""
-    with multilock.connect(lock_url) as locker:
-        lease = locker.try_acquire("over-tls")
-        assert isinstance(lease, NatsLease)
-        assert locker.try_acquire("over-tls") is None
-        assert lease.release()
+    checks.works(lock_url, NatsLease)
 
 
 def refused(lock_url: str, api: str = "sync") -> BackendUnavailable:
     """The error of an acquire over ``lock_url``: one line, within ``PROMPT``."""
-    start = time.monotonic()
-    if api == "sync":
-        with multilock.connect(lock_url) as locker, pytest.raises(BackendUnavailable) as raised:
-            locker.try_acquire("over-tls")
-    else:
-
-        async def main() -> pytest.ExceptionInfo[BackendUnavailable]:
-            async with multilock.connect_async(lock_url) as locker:
-                with pytest.raises(BackendUnavailable) as raised:
-                    await locker.try_acquire("over-tls")
-                return raised
-
-        raised = asyncio.run(main())
-    assert time.monotonic() - start < PROMPT
-    assert "\n" not in str(raised.value)
-    return raised.value
+    return checks.refused(lock_url, api, within=PROMPT)
 
 
 def test_a_verified_server_works_by_name_and_by_address(

@@ -86,6 +86,7 @@ _OPTIONS = OptionParser(
         "statement_timeout": _ms_duration,
         "fencing": as_bool,
         "fencing_sequence": as_str,
+        "claims_table": as_str,
         "ttl": as_duration,
     },
     {
@@ -94,6 +95,7 @@ _OPTIONS = OptionParser(
         "health_timeout": 1.0,
         "fencing": False,
         "fencing_sequence": "multilock_fence",
+        "claims_table": "multilock_tick_claims",
         "ttl": 30.0,
     },
     passthrough=LIBPQ_PARAMETERS,
@@ -118,6 +120,8 @@ class Settings:
     fencing_sequence: str | None
     """The sequence fencing tokens come from, or ``None`` when fencing is off."""
     ttl: float
+    claims_table: str = "multilock_tick_claims"
+    """The table of tick claims' marks (``name`` or ``schema.name``), made on first use."""
     lock_timeout: float = 0.5
     """The session's ``lock_timeout``: how long a statement may wait for a lock."""
     statement_timeout: float = 0.8
@@ -163,6 +167,12 @@ def parse_settings(url: LockURL) -> Settings:
             f"invalid value for option 'fencing_sequence' of {url.scheme}:// URL: {sequence!r}"
             " is not a sequence name (name or schema.name in lower case: letters, digits, _ and $)"
         )
+    table = values["claims_table"]
+    if not _SEQUENCE.fullmatch(table):
+        raise InvalidOption(
+            f"invalid value for option 'claims_table' of {url.scheme}:// URL: {table!r}"
+            " is not a table name (name or schema.name in lower case: letters, digits, _ and $)"
+        )
     password = libpq.pop("password", url.password)
     sslpassword = libpq.pop("sslpassword", None)
     interval = float(values["health_interval"])
@@ -204,6 +214,7 @@ def parse_settings(url: LockURL) -> Settings:
         health_timeout=float(values["health_timeout"]),
         fencing_sequence=sequence if values["fencing"] else None,
         ttl=float(values["ttl"]),
+        claims_table=table,
         **_server_timeouts(url, values),
     )
 

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from multilock import advisory_key
+from multilock.backend import AsyncMutex
 
 __all__ = [
     "AsyncDeadline",
@@ -42,8 +43,6 @@ __all__ = [
 
 _log = logging.getLogger("multilock.postgres")
 
-AsyncMutex = asyncio.Lock
-"""Serializes the tasks sharing one session connection."""
 
 Mutex = threading.Lock
 """Serializes the threads sharing one session connection."""
@@ -348,7 +347,7 @@ class AsyncSocketWatch:
 
     def __init__(
         self,
-        mutex: asyncio.Lock,
+        mutex: AsyncMutex,
         on_readable: Callable[[], Coroutine[Any, Any, None]],
         name: str,
     ) -> None:
@@ -478,10 +477,11 @@ class KeyCache:
     sixty 1 MiB names must not pin 60 MiB).
 
     Hashing a name costs more than a dict hit on the hot path, and ``locks()``
-    can only name a key it has seen hashed: advisory keys are one-way.
+    can only name a key it has seen hashed: advisory keys are one-way. The bound
+    holds a batch of 10,000 jobs due together, each tick after tick.
     """
 
-    def __init__(self, size: int = 4096, size_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, size: int = 65_536, size_bytes: int = 8 * 1024 * 1024) -> None:
         self._size = size
         self._size_bytes = size_bytes
         self._bytes = 0
@@ -499,21 +499,31 @@ class KeyCache:
                 return key  # never kept: it would evict everything else
             with self._guard:  # a sync locker is used from many threads
                 if name not in self._keys:
-                    while self._keys and (
-                        len(self._keys) >= self._size or self._bytes + cost > self._size_bytes
-                    ):
-                        self._evict()
+                    if len(self._keys) >= self._size or self._bytes + cost > self._size_bytes:
+                        self._make_room(cost)
                     self._keys[name] = key
                     self._names[key] = name
                     self._bytes += cost
         return key
 
-    def _evict(self) -> None:
-        oldest = next(iter(self._keys))  # oldest first
-        key = self._keys.pop(oldest)
-        self._bytes -= sys.getsizeof(oldest)
-        if self._names.get(key) == oldest:
-            del self._names[key]
+    def _make_room(self, cost: int) -> None:
+        """Forgets the oldest names, down to 7/8 of both bounds with room for ``cost``:
+        an eighth at a time, in one pass, because each lookup of the oldest entry
+        would scan the slots of the ones removed before it."""
+        count, size = len(self._keys), self._bytes
+        most, most_bytes = self._size * 7 // 8, self._size_bytes * 7 // 8 - cost
+        gone = []
+        for oldest in self._keys:  # oldest first
+            if count <= most and size <= most_bytes:
+                break
+            gone.append(oldest)
+            count -= 1
+            size -= sys.getsizeof(oldest)
+        for oldest in gone:
+            key = self._keys.pop(oldest)
+            if self._names.get(key) == oldest:
+                del self._names[key]
+        self._bytes = size
 
     @property
     def size_bytes(self) -> int:

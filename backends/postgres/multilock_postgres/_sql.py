@@ -21,8 +21,10 @@ __all__ = [
     "UNLOCK_MANY",
     "BigintArray",
     "BigintArrayDumper",
+    "ClaimStatements",
     "Statements",
     "bigint_array",
+    "claim_statements",
     "ensure_sequence",
     "statements",
 ]
@@ -42,14 +44,54 @@ UNLOCK = "SELECT pg_advisory_unlock(%b)"
 UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
 UNLOCK_MANY = "SELECT pg_advisory_unlock(k) FROM unnest(%b::bigint[]) AS k"
 
+# Tick claims: a table of marks (name -> latest fire time claimed, in microseconds),
+# made on first use. One statement raises every mark of a batch where it is below:
+# ON CONFLICT ... WHERE takes the row lock and sees the latest committed mark, so of
+# concurrent claimers of one tick exactly one updates (or inserts) the row. Rows go
+# in name order, so that two batches never wait on each other's rows crosswise.
+
+
+@dataclass(frozen=True)
+class ClaimStatements:
+    """The statements of the tick claims table ``table`` (a checked identifier)."""
+
+    table: str
+    create: str
+    usable: str
+    claim: str
+
+
+def claim_statements(table: str) -> ClaimStatements:
+    """The claims statements for ``table``, ``name`` or ``schema.name`` (lower case,
+    checked by the URL parser: safe to write into the SQL as it is)."""
+    return ClaimStatements(
+        table=table,
+        create=f"CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY,"
+        " fire bigint NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now())",
+        usable=f"""
+SELECT c.oid IS NOT NULL,
+       COALESCE(has_table_privilege(c.oid, 'SELECT')
+                AND has_table_privilege(c.oid, 'INSERT')
+                AND has_table_privilege(c.oid, 'UPDATE'), false)
+FROM (SELECT to_regclass('{table}') AS oid) AS c""",
+        claim=f"""
+INSERT INTO {table} AS m (name, fire)
+SELECT n, f FROM unnest(%b::text[], %b::bigint[]) AS t(n, f) ORDER BY n
+ON CONFLICT (name) DO UPDATE SET fire = excluded.fire, claimed_at = now()
+WHERE m.fire < excluded.fire
+RETURNING m.name""",
+    )
+
+
 # A bigint advisory key is stored as classid (high 32 bits) and objid (low 32 bits),
-# objsubid 1; recombined in Python, where the sign is easy to get right.
+# objsubid 1; recombined in Python, where the sign is easy to get right. Exclusive
+# only: a waiter's watch is granted the key in shared mode for an instant.
 LOCKS = """
 SELECT l.classid::bigint, l.objid::bigint, l.pid, a.application_name,
        host(a.client_addr), a.backend_start, a.query_start
 FROM pg_locks AS l
 LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY a.backend_start, l.pid, l.classid, l.objid
 """

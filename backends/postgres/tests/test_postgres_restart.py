@@ -12,8 +12,7 @@ import pytest
 
 import multilock
 from multilock.errors import BackendUnavailable
-
-from .conftest import PrivateServer
+from multilock.testing._servers.postgres import PrivateServer
 
 pytestmark = pytest.mark.faults
 

@@ -21,8 +21,7 @@ import multilock
 from multilock.errors import BackendUnavailable
 from multilock.testing import ConformanceTests
 from multilock.testing import poll as _poll
-
-from .conftest import ReplicatedPair
+from multilock.testing._servers.postgres import ReplicatedPair
 
 pytestmark = pytest.mark.topology
 

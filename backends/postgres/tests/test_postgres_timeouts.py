@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 import multilock
@@ -20,33 +19,9 @@ from multilock.errors import BackendUnavailable, InvalidOption
 from multilock.testing import TcpProxy
 from multilock_postgres import AsyncPostgresLocker, PostgresLocker
 from multilock_postgres._async import session as async_module
-from multilock_postgres._config import parse_settings
 from multilock_postgres._sync import session as sync_module
 
 SLACK = 1.0  # on top of a bound: a loaded two-core machine, a round trip or two
-
-
-@pytest.fixture
-def sequence(admin: psycopg.Connection[Any]) -> Iterator[str]:
-    """A fencing sequence of this test alone (created by postgres, the test's role)."""
-    name = f"mlpg_fence_{uuid.uuid4().hex[:12]}"
-    admin.execute(f"CREATE SEQUENCE {name} AS bigint CACHE 1")
-    yield name
-    admin.execute(f"DROP SEQUENCE IF EXISTS {name}")
-
-
-@pytest.fixture
-def peer_locks(postgres_url: str) -> Iterator[Callable[[str], None]]:
-    """``peer_locks(sequence)``: a peer session takes a lock on the sequence that
-    ``nextval`` must wait for, and keeps it until the test ends."""
-    settings = parse_settings(LockURL.parse(postgres_url))
-    with psycopg.Connection.connect(settings.conninfo, password=settings.password) as peer:
-
-        def lock(sequence: str) -> None:
-            peer.execute(f"ALTER SEQUENCE {sequence} CACHE 1")  # in a transaction left open
-
-        yield lock
-        peer.rollback()
 
 
 def _name() -> str:

@@ -17,11 +17,11 @@ from multilock.errors import BackendUnavailable, ConfigurationError, LockLost, N
 
 from ._config import CLUSTER, MIN_TTL, RedisConfig, admin_client, close_admin, parse_config
 from ._errors import REDIS_ERRORS, translate
-from ._keys import calls, fence_key, lock_key, name_of, scan_pattern
+from ._keys import calls, fence_key, lock_key, name_of, scan_pattern, tick_key
 from ._renewal import RenewedLease, Renewer, ttl_ms, unreplicated
 from ._scripts import HELD_ELSEWHERE
 
-__all__ = ["CHUNK", "RedisHooks", "RedisLockerCommon"]
+__all__ = ["CHUNK", "CLAIM_RETENTION", "RedisHooks", "RedisLockerCommon"]
 
 _log = logging.getLogger("multilock.redis")
 CHUNK = 250
@@ -29,6 +29,10 @@ CHUNK = 250
 server runs one while the client makes the next or takes in the last one's answer
 (1000 names in one call, then in chunks of 500, 250, 125: 10.2, 8.3, 7.5, 7.3 ms on
 loopback; 10.6, 8.8, 7.9, 7.9 ms through a proxy adding 0.25 ms each way)."""
+CLAIM_RETENTION = 7 * 86400.0
+"""Seconds a tick claim's mark lives after the last claim it won (the key's expiry):
+far longer than any replica comes late to a tick, and no mark outlives its job long."""
+ClaimRequest = tuple[list[int], list[str], list[str | int]]
 
 
 class RedisLockerCommon:
@@ -44,8 +48,10 @@ class RedisLockerCommon:
             Capability.CROSS_HOST,
             Capability.BATCH,
             Capability.INTROSPECTION,
+            Capability.TICK_CLAIM,
         }
     )
+    claim_retention: float | None = CLAIM_RETENTION
     _url: LockURL
 
     def _setup(self, url: LockURL) -> float:
@@ -89,6 +95,23 @@ class RedisLockerCommon:
                 yield keys, [ttl_ms, *tokens]
 
         return requests()
+
+    def _claim_requests(self, names: list[str], fires: list[int]) -> list[ClaimRequest]:
+        """CLAIM requests for ``names`` at ``fires``: each one's positions, keys and
+        arguments; :data:`CHUNK` names a call (on a cluster, of one slot each)."""
+        keys = [tick_key(name, self._config.prefix) for name in names]
+        retention = round(CLAIM_RETENTION * 1000)
+        return [
+            (positions, [keys[i] for i in positions], [retention, *(fires[i] for i in positions)])
+            for positions in calls(keys, CHUNK, self._per_slot)
+        ]
+
+    @staticmethod
+    def _claimed(request: ClaimRequest, answer: bytes | str, won: list[bool]) -> None:
+        """Note in ``won`` the claims a CLAIM answer says were won."""
+        flags = answer.decode() if isinstance(answer, bytes) else answer
+        for i, flag in zip(request[0], flags, strict=True):
+            won[i] = flag == "1"
 
     def _release_requests(
         self, keys: list[str], tokens: list[str]

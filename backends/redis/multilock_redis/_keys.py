@@ -1,23 +1,25 @@
 """Redis keys of lock names: a prefix, then the name as a cluster hash tag.
 
-``multilock:{name}`` holds the owner token and ``multilock:{name}:fence`` the
-fencing counter. Redis Cluster hashes only what is between the first ``{`` and
-the next ``}``, so both keys of a name always live in one slot and the acquire
-script may touch both. A name's own ``{``/``}`` (and ``%``, the escape character)
-are escaped, and the empty name gets a tag of its own, so that every name has a
-non-empty tag of its own and no two names share a key.
+``multilock:{name}`` holds the owner token, ``multilock:{name}:fence`` the
+fencing counter and ``multilock:{name}:tick`` the tick claims' mark. Redis
+Cluster hashes only what is between the first ``{`` and the next ``}``, so the
+keys of a name always live in one slot and one script may touch them all. A
+name's own ``{``/``}`` (and ``%``, the escape character) are escaped, and the
+empty name gets a tag of its own, so that every name has a non-empty tag of its
+own and no two names share a key.
 """
 
 from __future__ import annotations
 
 from redis.crc import key_slot
 
-__all__ = ["calls", "fence_key", "lock_key", "name_of", "scan_pattern"]
+__all__ = ["calls", "fence_key", "lock_key", "name_of", "scan_pattern", "tick_key"]
 
 _ESCAPES = {"%": "%25", "{": "%7B", "}": "%7D"}
 _UNESCAPES = {code: char for char, code in _ESCAPES.items()}
 _EMPTY = "%"  # never the escape of a non-empty name: those have two hex digits after a %
 _FENCE_SUFFIX = ":fence"
+_TICK_SUFFIX = ":tick"
 _GLOB_SPECIAL = "\\*?[]"
 
 
@@ -37,6 +39,11 @@ def lock_key(name: str, prefix: str = "multilock:") -> str:
 def fence_key(name: str, prefix: str = "multilock:") -> str:
     """The Redis key holding the fencing counter of lock ``name`` (same cluster slot)."""
     return f"{prefix}{{{_tag(name)}}}{_FENCE_SUFFIX}"
+
+
+def tick_key(name: str, prefix: str = "multilock:") -> str:
+    """The Redis key holding the latest claimed fire time of ``name`` (same cluster slot)."""
+    return f"{prefix}{{{_tag(name)}}}{_TICK_SUFFIX}"
 
 
 def name_of(key: str, prefix: str) -> str | None:

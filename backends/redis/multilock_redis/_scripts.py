@@ -12,6 +12,7 @@ import hashlib
 __all__ = [
     "ACQUIRE",
     "ACQUIRE_MANY",
+    "CLAIM",
     "EXTEND",
     "HELD_ELSEWHERE",
     "RELEASE",
@@ -152,3 +153,23 @@ VANISHED = 0
 """EXTEND's answer for a lock whose key is gone (expired or deleted)."""
 HELD_ELSEWHERE = -1
 """EXTEND's answer for a lock now held under another token."""
+
+# Fire times are microseconds since the epoch: below 2^53 until the year 2255, so a
+# Lua number (a double) holds them exactly. The mark is set with the retention as its
+# expiry, refreshed by every claim won; its answer is one string, as ACQUIRE_MANY's.
+CLAIM = Lua("""
+-- KEYS: mark1, mark2, ...  ARGV: retention in ms, fire1, fire2, ...
+-- Raises each mark to its fire time where it is below (or missing); returns per
+-- mark '1' (raised: the claim is won) or '0', as one string.
+local out = {}
+for i, key in ipairs(KEYS) do
+  local mark = redis.call('GET', key)
+  if not mark or tonumber(mark) < tonumber(ARGV[i + 1]) then
+    redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
+    out[i] = '1'
+  else
+    out[i] = '0'
+  end
+end
+return table.concat(out)
+""")

@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from .topology import unavailable
+from multilock.testing._servers import unavailable
 
 __all__ = ["Link", "Namespace"]
 

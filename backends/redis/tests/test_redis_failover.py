@@ -1,5 +1,6 @@
 """A primary killed under held leases and under a running scheduler fleet, on a Redis
-Cluster and behind Sentinel (each test starts its own, see ``topology``).
+Cluster and behind Sentinel (each test starts its own: see
+:mod:`multilock.testing._servers.redis`).
 
 Measured, and printed as ``measured:`` lines (``pytest -s``; docs/operations.md
 quotes them): how long the promotion took, when a holder learnt its lease was
@@ -25,10 +26,8 @@ import pytest
 
 import multilock
 from multilock.testing import poll
+from multilock.testing._servers.redis import Cluster, RedisServer, Sentinels
 from multilock_redis import RedisLease, lock_key
-
-from .conftest import RedisServer
-from .topology import Cluster, Sentinels
 
 pytestmark = [pytest.mark.topology, pytest.mark.slow]
 
@@ -117,7 +116,13 @@ def test_held_leases_across_a_killed_primary(failover: Failover) -> None:
         lost_at: dict[str, float] = {}
         for lease in [*short, *long]:
             lease.lost.add_callback(_when_lost(lost_at, lease.name))
-        time.sleep(SHORT / 2)  # a renewal of the short leases has been replicated
+        acquired = time.monotonic()
+        poll(
+            "a renewal of every short lease",
+            lambda: all(_renewed_since(lease, acquired, SHORT) for lease in short),
+            SHORT * 2,
+        )
+        _replicated(victim, lock_key(long_names[0]))
         killed = time.monotonic()
         victim.stop()
         promoted = failover.promoted(victim, lock_key(prefix))
@@ -136,7 +141,7 @@ def test_held_leases_across_a_killed_primary(failover: Failover) -> None:
         poll("another locker takes every short lease", take_all, PROMOTION_WITHIN)
         renewed = poll(
             "the long leases are renewed on the promoted replica",
-            lambda: all(_renewed_since(lease, killed) for lease in long),
+            lambda: all(_renewed_since(lease, killed, LONG) for lease in long),
             LONG / 2,
         )
         assert renewed
@@ -171,11 +176,24 @@ def _held(lease: object) -> RedisLease:
     return lease
 
 
-def _renewed_since(lease: RedisLease, since: float) -> bool:
-    """Whether ``lease``'s expiry was pushed past what it was before ``since``."""
+def _renewed_since(lease: RedisLease, since: float, ttl: float) -> bool:
+    """Whether ``lease`` (of ``ttl``) had its expiry pushed past what it was before
+    ``since``."""
     assert lease.expires_at is not None
     left = lease.expires_at.timestamp() - time.time()
-    return left > LONG - (time.monotonic() - since) + 0.1
+    return left > ttl - (time.monotonic() - since) + 0.1
+
+
+def _replicated(primary: RedisServer, key: str) -> None:
+    """Once a write made now has reached a replica: so has every earlier one (one
+    ordered replication stream), the renewals included. `key` is a lock key the
+    primary serves; the marker shares its hash tag, so in a cluster its slot too."""
+    admin = primary.admin()
+    try:
+        admin.set(f"{key}:replicated", 1)
+        assert admin.wait(1, 5000) >= 1, "no replica acknowledged"
+    finally:
+        admin.close()
 
 
 # The fleet: three scheduler replicas, ten one-second jobs and a 3 s job every 4 s.

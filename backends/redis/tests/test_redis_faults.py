@@ -19,12 +19,12 @@ import redis
 import multilock
 from multilock.errors import BackendUnavailable
 from multilock.testing import apoll, poll
+from multilock.testing._servers import checks
+from multilock.testing._servers.redis import RedisServer
 from multilock_redis import AsyncRedisLocker, RedisLease, RedisLocker, lock_key
 from multilock_redis._async import _lua as async_lua
 from multilock_redis._common import CHUNK
 from multilock_redis._sync import _lua as sync_lua
-
-from .conftest import RedisServer
 
 pytestmark = pytest.mark.faults
 
@@ -44,22 +44,12 @@ def _held(lease: object) -> RedisLease:
 
 
 def _raises_promptly(call: Any) -> BackendUnavailable:
-    start = time.monotonic()
-    with pytest.raises(BackendUnavailable) as info:
-        call()
-    assert time.monotonic() - start < PROMPT
-    return info.value
+    return checks.raises_promptly(call, PROMPT)
 
 
 def _recovers(locker: Any, name: str, timeout: float = 5.0) -> RedisLease:
     """Poll until ``locker`` can take ``name`` again; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return _held(locker.try_acquire(name))
-        except BackendUnavailable:
-            assert time.monotonic() < deadline, "the locker did not recover"
-            time.sleep(0.05)
+    return _held(poll("the locker recovering", lambda: locker.try_acquire(name), timeout, 0.05))
 
 
 def test_server_down_raises_then_the_locker_recovers(throwaway_redis: Any) -> None:
@@ -84,15 +74,9 @@ def test_server_down_raises_then_recovers_async(throwaway_redis: Any) -> None:
                 await locker.try_acquire("while-down")
             assert time.monotonic() - start < PROMPT
             throwaway_redis.start()
-            deadline = time.monotonic() + 5
-            while True:
-                try:
-                    lease = await locker.try_acquire("after")
-                    break
-                except BackendUnavailable:
-                    assert time.monotonic() < deadline, "the async locker did not recover"
-                    await asyncio.sleep(0.05)
-            assert lease is not None
+            lease = await apoll(
+                "the async locker recovering", lambda: locker.try_acquire("after"), 5, 0.05
+            )
             await lease.release()
 
     asyncio.run(main())
@@ -101,11 +85,11 @@ def test_server_down_raises_then_recovers_async(throwaway_redis: Any) -> None:
 def test_frozen_server_raises_instead_of_hanging(throwaway_redis: Any) -> None:
     with multilock.connect(_url(throwaway_redis)) as locker:
         _held(locker.try_acquire("warm-up")).release()
-        throwaway_redis.pause()
+        throwaway_redis.freeze()
         try:
             _raises_promptly(lambda: locker.try_acquire("frozen"))
         finally:
-            throwaway_redis.resume()
+            throwaway_redis.thaw()
         _recovers(locker, "thawed").release()
 
 
@@ -116,7 +100,7 @@ def test_frozen_server_raises_instead_of_hanging_async(throwaway_redis: Any) -> 
         async with multilock.connect_async(_url(throwaway_redis)) as locker:
             lease = await locker.try_acquire("warm-up")
             assert lease is not None
-            throwaway_redis.pause()
+            throwaway_redis.freeze()
             try:
                 async with multilock.connect_async(_url(throwaway_redis)) as fresh:
                     for user in (locker, fresh):
@@ -129,16 +113,10 @@ def test_frozen_server_raises_instead_of_hanging_async(throwaway_redis: Any) -> 
                         await lease.release()
                     assert time.monotonic() - start < PROMPT
             finally:
-                throwaway_redis.resume()
-            deadline = time.monotonic() + 5
-            while True:
-                try:
-                    thawed = await locker.try_acquire("thawed")
-                    break
-                except BackendUnavailable:
-                    assert time.monotonic() < deadline, "the async locker did not recover"
-                    await asyncio.sleep(0.05)
-            assert thawed is not None
+                throwaway_redis.thaw()
+            thawed = await apoll(
+                "the async locker recovering", lambda: locker.try_acquire("thawed"), 5, 0.05
+            )
             assert await thawed.release()
 
     asyncio.run(main())
@@ -148,12 +126,12 @@ def test_lease_is_lost_by_its_expiry_when_redis_cannot_confirm_it(throwaway_redi
     with multilock.connect(_url(throwaway_redis, ttl=TTL)) as locker:
         start = time.monotonic()
         lease = _held(locker.try_acquire("unconfirmed"))
-        throwaway_redis.pause()  # renewals now time out: the lease cannot be confirmed
+        throwaway_redis.freeze()  # renewals now time out: the lease cannot be confirmed
         try:
             assert lease.lost.wait(TTL * 3)
             lost_after = time.monotonic() - start
         finally:
-            throwaway_redis.resume()
+            throwaway_redis.thaw()
         # Reported by its expiry, not later (the margin is the scheduler's, not ours).
         assert lost_after <= TTL + 0.25, f"lost fired {lost_after:.2f}s after a {TTL}s lease"
         assert "before its expiry" in (lease.lost.reason or "")
@@ -210,7 +188,10 @@ def test_client_kill_never_hangs_or_returns_none(throwaway_redis: Any) -> None:
             except BackendUnavailable:
                 lease = locker.try_acquire(f"after-kill-{round_}")  # the next call reconnects
             _held(lease).release()
-        time.sleep(TTL)  # renewals ran through the kills on their own connection
+        # Renewals ran through the kills on their own connection: one made since.
+        assert held.expires_at is not None
+        before = held.expires_at
+        poll("a renewal after the kills", lambda: held.expires_at > before, TTL * 3)  # type: ignore[operator]
         assert held.held
         assert admin.get(held.key) == held.token.encode()
         assert held.release()
@@ -296,11 +277,11 @@ def test_wrong_password_is_unavailable_and_never_shown(
         lease = _held(locker.try_acquire("x"))
         assert secured_redis.password not in repr(locker)
         assert secured_redis.password not in repr(lease)
-        secured_redis.pause()  # renewal fails and logs: the log must not show it either
+        secured_redis.freeze()  # renewal fails and logs: the log must not show it either
         try:
             assert lease.lost.wait(TTL * 3)
         finally:
-            secured_redis.resume()
+            secured_redis.thaw()
         assert secured_redis.password not in (lease.lost.reason or "")
     assert caplog.records, "expected the renewal failure to be logged"
     assert all(secured_redis.password not in r.getMessage() for r in caplog.records)
@@ -335,7 +316,7 @@ def test_a_release_redis_did_not_hear_is_made_once_it_is_back(tmp_path: Path, ma
             assert lease.key in logged  # the lock comes back with the server's data
             if many:
                 with pytest.raises(BackendUnavailable):
-                    holder._release_many([lease])  # the scheduler's release of many
+                    holder.release_many([lease])  # the scheduler's release of many
             else:
                 _raises_promptly(lease.release)
             server.start()

@@ -14,6 +14,7 @@ import redis
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import ConfigurationError, LockLost, MultilockError, NotOwner
+from multilock.testing import poll
 from multilock_redis import (
     AsyncRedisLease,
     AsyncRedisLocker,
@@ -118,9 +119,9 @@ def test_release_many_is_one_round_trip_and_spares_another_holder(
     # A long ttl: no renewal of these is sent while the round trips are counted.
     leases = [stale] + [_held(lease) for lease in locker.try_acquire_many(names[1:]).values()]
     with multilock.connect(redis_url) as other:
-        _wait_until(lambda: other.try_acquire(names[0], ttl=10) is not None, timeout=TTL * 5)
+        poll("the name free", lambda: other.try_acquire(names[0], ttl=10) is not None, TTL * 5)
         sent = _count_round_trips(locker)
-        locker._release_many(leases)  # the scheduler's, when lease holds end together
+        locker.release_many(leases)  # the scheduler's, when lease holds end together
         assert sent == ["EVALSHA"]
         assert not any(lease.held for lease in leases)
         assert admin.exists(*(lease.key for lease in leases[1:])) == 0
@@ -346,28 +347,13 @@ def _stale(locker: RedisLocker | AsyncRedisLocker, lease: Any) -> None:
     locker._renewer.discard(lease)
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.01)
-
-
 def test_stale_release_and_extend_never_touch_the_new_holder(
     redis_url: str, admin: redis.Redis, name: str
 ) -> None:
     with RedisLocker(LockURL.parse(redis_url)) as a, multilock.connect(redis_url) as b:
         stale = _held(a.try_acquire(name, ttl=TTL))
         _stale(a, stale)
-        new = None
-
-        def taken() -> bool:
-            nonlocal new
-            new = b.try_acquire(name, ttl=10)
-            return new is not None
-
-        _wait_until(taken, timeout=TTL * 5)
-        new = _held(new)
+        new = _held(poll("the name taken", lambda: b.try_acquire(name, ttl=10), TTL * 5))
         with pytest.raises(NotOwner):
             stale.extend()
         assert stale.lost.is_set()
@@ -382,7 +368,7 @@ def test_extend_after_expiry_is_lock_lost(
 ) -> None:
     lease = _held(locker.try_acquire(name, ttl=TTL))
     _stale(locker, lease)
-    _wait_until(lambda: not admin.exists(lease.key), timeout=TTL * 5)
+    poll("the key gone", lambda: not admin.exists(lease.key), TTL * 5)
     with pytest.raises(LockLost) as info:
         lease.extend()
     assert not isinstance(info.value, NotOwner)

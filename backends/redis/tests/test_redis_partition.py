@@ -23,9 +23,9 @@ import redis
 
 import multilock
 from multilock.testing import poll
+from multilock.testing._servers.redis import RedisServer
 from multilock_redis import RedisLease
 
-from .conftest import RedisServer
 from .netns import Link, Namespace
 from .partition_holder import RESOURCE_KEYS, fenced_write
 from .test_redis_failover import report

@@ -22,11 +22,11 @@ import pytest
 import multilock
 from multilock.errors import BackendUnavailable
 from multilock.testing import poll
+from multilock.testing._servers.redis import Sentinels
 from multilock_redis import RedisLease, fence_key, lock_key
 
 from .netns import Link, Namespace
 from .test_redis_failover import PROMOTION_WITHIN, report
-from .topology import Sentinels
 
 pytestmark = [pytest.mark.topology, pytest.mark.slow]
 

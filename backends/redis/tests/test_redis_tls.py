@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -20,6 +19,7 @@ import pytest
 import multilock
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
+from multilock.testing._servers import checks
 from multilock_redis import RedisLease
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends" / "redis.md"
@@ -38,21 +38,12 @@ def tls_url(server: Any, *, host: str = "localhost", trust: bool = True, **optio
 
 def works(url: str) -> None:
     """A lock can be taken, is exclusive and is released over ``url``."""
-    with multilock.connect(url) as locker:
-        lease = locker.try_acquire("over-tls")
-        assert isinstance(lease, RedisLease)
-        assert locker.try_acquire("over-tls") is None
-        assert lease.release()
+    checks.works(url, RedisLease)
 
 
 def refused(url: str) -> BackendUnavailable:
     """The error of an acquire over ``url``: one line, within ``PROMPT``."""
-    start = time.monotonic()
-    with multilock.connect(url) as locker, pytest.raises(BackendUnavailable) as raised:
-        locker.try_acquire("over-tls")
-    assert time.monotonic() - start < PROMPT
-    assert "\n" not in str(raised.value)
-    return raised.value
+    return checks.refused(url, within=PROMPT)
 
 
 def test_a_verified_server_works_by_name_and_by_address(tls_redis: Any) -> None:

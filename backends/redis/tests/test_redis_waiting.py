@@ -21,7 +21,7 @@ def test_release_wakes_the_watch(redis_url: str, name: str) -> None:
         assert isinstance(waiter, RedisLocker)
         lease = holder.try_acquire(name)
         assert lease is not None
-        with waiter._watch_released(name) as watch:
+        with waiter.watch_released(name) as watch:
             start = time.monotonic()
             watch.wait(30)  # the first wait subscribes, and returns at once
             assert time.monotonic() - start < 10
@@ -40,7 +40,7 @@ def test_async_release_wakes_the_watch(redis_url: str, name: str) -> None:
             with multilock.connect(redis_url) as holder:
                 lease = holder.try_acquire(name)
                 assert lease is not None
-                async with waiter._watch_released(name) as watch:  # type: ignore[attr-defined]
+                async with waiter.watch_released(name) as watch:  # type: ignore[attr-defined]
                     await asyncio.wait_for(watch.wait(30), 10)  # subscribes, returns at once
                     assert watch.wakes
                     releasing = threading.Timer(0.2, lease.release)
@@ -55,7 +55,7 @@ def test_acquire_of_a_free_name_does_not_subscribe(redis_url: str, name: str) ->
     """The uncontended acquire costs no pub/sub connection: its watch never subscribes."""
     with multilock.connect(redis_url) as locker:
         assert isinstance(locker, RedisLocker)
-        with locker._watch_released(name) as watch:
+        with locker.watch_released(name) as watch:
             pass
         assert isinstance(watch, RedisWatch)
         assert watch._pubsub is None

@@ -15,5 +15,6 @@ CAPABILITIES = frozenset(
         Capability.LOST_SIGNAL,
         Capability.INTROSPECTION,
         Capability.BATCH,
+        Capability.TICK_CLAIM,
     }
 )

@@ -38,6 +38,7 @@ from multilock.errors import LockLost, MultilockError, NotOwner
 
 from ._acl import acl_problem, acl_unreadable
 from ._batch import Batch, Create, Node
+from ._claims import TICKS
 from ._config import Config
 from ._errors import OUTCOME_UNKNOWN, shown, unavailable
 from ._logs import KazooLog
@@ -445,6 +446,7 @@ class Session:
         return [
             (child, self.client.get_async(self.config.node_path(child)))
             for child in sorted(children)
+            if child != TICKS  # the tick claims' marks, not a lock
         ]
 
     def lock_infos(self, reads: list[tuple[str, Any]]) -> list[LockInfo]:

@@ -22,9 +22,8 @@ import pytest
 import multilock
 from multilock.testing import ConformanceTests, server_url
 from multilock.testing import poll as _poll
+from multilock.testing._servers.zookeeper import PrivateZooKeeper, ZooKeeperEnsemble
 from multilock_zookeeper._config import KEEP_GRACE_SHARE
-
-from .conftest import PrivateZooKeeper, ZooKeeperEnsemble
 
 pytestmark = pytest.mark.topology
 

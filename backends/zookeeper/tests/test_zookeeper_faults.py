@@ -19,8 +19,7 @@ import multilock
 from multilock.errors import BackendUnavailable
 from multilock.testing import apoll
 from multilock.testing import poll as _poll
-
-from .conftest import PrivateZooKeeper
+from multilock.testing._servers.zookeeper import PrivateZooKeeper
 
 pytestmark = pytest.mark.faults
 

@@ -19,10 +19,9 @@ import pytest
 
 import multilock
 from multilock.backend import LockURL
+from multilock.testing._servers.zookeeper import PrivateZooKeeper
 from multilock_zookeeper._config import Config
 from multilock_zookeeper._expire import end_session as _end_session
-
-from .conftest import PrivateZooKeeper
 
 AT_ONCE = 0.1
 """Seconds from the server ending the session to ``lost``: the bound of issue 16."""

@@ -20,6 +20,7 @@ import multilock
 from multilock.backend import LockURL
 from multilock.errors import InvalidLockName, LockLost, NotOwner
 from multilock.testing import poll as _poll
+from multilock.testing._servers.process import free_port
 from multilock_zookeeper import backend
 
 BOUND = 10.0  # seconds any of these transitions may take before the test fails
@@ -166,9 +167,7 @@ def test_node_records_its_holder_and_locks_lists_it(
 
 def test_a_dead_host_in_the_ensemble_list_is_skipped(chroot: str, zookeeper_url: str) -> None:
     live = LockURL.parse(zookeeper_url)
-    with socket.socket() as probe:  # a loopback port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
+    dead = free_port()  # a loopback port nobody listens on
     url = f"zookeeper://127.0.0.1:{dead},{live.host}:{live.port or 2181}{chroot}"
     with multilock.connect(url) as locker:
         lease = poll("acquiring through the live host", lambda: locker.try_acquire("job"))

@@ -21,9 +21,8 @@ import multilock
 from multilock.backend import LockURL
 from multilock.errors import BackendUnavailable
 from multilock.testing import TcpProxy
+from multilock.testing._servers.zookeeper import PrivateZooKeeper
 from multilock_zookeeper import backend
-
-from .conftest import PrivateZooKeeper
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "backends" / "zookeeper.md"
 

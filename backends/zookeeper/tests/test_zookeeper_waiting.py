@@ -26,7 +26,7 @@ def test_release_wakes_the_watch(zookeeper_url: str) -> None:
         lease = holder.try_acquire(name)
         assert lease is not None
         assert waiter.try_acquire(name) is None  # connected, and the node is there
-        with waiter._watch_released(name) as watch:
+        with waiter.watch_released(name) as watch:
             releasing = threading.Timer(0.3, lease.release)
             releasing.start()
             start = time.monotonic()
@@ -43,7 +43,7 @@ def test_a_node_gone_before_the_watch_ends_the_wait(zookeeper_url: str) -> None:
         lease = waiter.try_acquire(name)
         assert lease is not None
         lease.release()
-        with waiter._watch_released(name) as watch:
+        with waiter.watch_released(name) as watch:
             start = time.monotonic()
             watch.wait(30)
             assert time.monotonic() - start < 10
@@ -58,7 +58,7 @@ def test_async_release_wakes_the_watch(zookeeper_url: str) -> None:
                 lease = holder.try_acquire(name)
                 assert lease is not None
                 assert await waiter.try_acquire(name) is None
-                async with waiter._watch_released(name) as watch:  # type: ignore[attr-defined]
+                async with waiter.watch_released(name) as watch:  # type: ignore[attr-defined]
                     releasing = threading.Timer(0.3, lease.release)
                     releasing.start()
                     await asyncio.wait_for(watch.wait(30), 10)

@@ -6,8 +6,12 @@ One member is asked at a time, the first of the URL to begin with. A request tha
 could not reach it (refused, no route, connect timeout: nothing was sent) goes to the
 next member; any later failure is reported -- the request may have been applied -- and
 the next request starts with the next member. Every request is bounded by the locker's
-``timeout``: each socket operation by what is left of it on the sync side, the whole
-request by one ``asyncio.timeout`` on the async side.
+``timeout``: the connect by what is left of it (at most ``connect_timeout``), the
+exchange by what is left after the connect (see ``_streams``).
+
+The async gateway can also *start* a request on an idle connection, from a plain
+callback (:meth:`AsyncGateway.start`): the answer comes to a callback of the caller's,
+settled by the connection's protocol, with no task or event-loop turn of its own.
 
 Connections are kept for the next request (one per request in flight at once); one
 found closed by the member while it was idle is replaced before the request is sent.
@@ -20,19 +24,20 @@ refused without being applied, is sent again.
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .._config import EtcdConfig
 from .._errors import NOT_SENT, TRANSPORT_ERRORS, GatewayError, translate
+from .._streams import forks
 from .._timeouts import async_bounded
 from ._http import AsyncConnection
 
-__all__ = ["AsyncGateway"]
+# async-only
+Answered = Callable[[dict[str, Any] | None, BaseException | None], None]
 
-_JSON = (b"Content-Type", b"application/json")
+__all__ = ["AsyncGateway"]
 
 
 class AsyncGateway:
@@ -42,9 +47,11 @@ class AsyncGateway:
         self.config = config
         self.timeout = config.timeout if timeout is None else timeout
         self._idle: list[AsyncConnection] = []
-        self._pid = os.getpid()
+        self._forks = forks()
         self._member = 0
-        self._headers = [_JSON]
+        # No Content-Type: the gateway reads a body without one as JSON (its default
+        # marshaler), and h11 checks one header less per request.
+        self._headers: list[tuple[bytes, bytes]] = []
         self._authenticated = config.username is None
 
     async def call(self, path: str, body: bytes, doing: str) -> dict[str, Any]:
@@ -70,20 +77,20 @@ class AsyncGateway:
 
     async def _authenticate(self) -> None:
         credentials = {"name": self.config.username, "password": self.config.password}
-        self._headers = [_JSON]
+        self._headers = []
         try:
             answer = await self._post("/v3/auth/authenticate", json.dumps(credentials).encode())
         except GatewayError as exc:
             if "authentication is not enabled" not in exc.message:
                 raise
         else:
-            self._headers = [_JSON, (b"Authorization", str(answer["token"]).encode())]
+            self._headers = [(b"Authorization", str(answer["token"]).encode())]
         self._authenticated = True
 
     async def _connection(self, deadline: float) -> AsyncConnection:
         """An idle connection to the current member, or a new one."""
-        if self._pid != os.getpid():  # a forked child must not share its parent's sockets
-            self._idle, self._pid = [], os.getpid()
+        if self._forks != forks():  # a forked child must not share its parent's sockets
+            self._idle, self._forks = [], forks()
         while self._idle:
             connection = self._idle.pop()
             if connection.reusable():
@@ -93,28 +100,32 @@ class AsyncGateway:
         left = max(0.001, min(deadline - time.monotonic(), self.config.connect_timeout))
         return await AsyncConnection.open(host, port, self.config.ssl_context, left)
 
-    async def _next_member(self) -> None:
-        """Ask the next member from now on (the current one failed)."""
+    def _switch_member(self) -> list[AsyncConnection]:
+        """Ask the next member from now on (the current one failed); the idle
+        connections to the old one, which the caller closes."""
         self._member = (self._member + 1) % len(self.config.endpoints)
         idle, self._idle = self._idle, []
-        for connection in idle:
+        return idle
+
+    async def _next_member(self) -> None:
+        """Ask the next member from now on (the current one failed)."""
+        for connection in self._switch_member():
             await connection.aclose()
 
     async def _post(self, path: str, body: bytes) -> dict[str, Any]:
+        # The connect is bounded by what is left (at most connect_timeout), the exchange
+        # by what is left after it: the request by ``timeout`` in all.
         deadline = time.monotonic() + self.timeout
         target = path.encode()
         for attempt in range(len(self.config.endpoints)):
             try:
-                async with async_bounded(max(0.001, deadline - time.monotonic())):
-                    connection = await self._connection(deadline)
-                    try:
-                        left = max(0.001, deadline - time.monotonic())
-                        status, content = await connection.request(
-                            target, self._headers, body, left
-                        )
-                    except BaseException:
-                        await connection.aclose()
-                        raise
+                connection = await self._connection(deadline)
+                try:
+                    left = max(0.001, deadline - time.monotonic())
+                    status, content = await connection.request(target, self._headers, body, left)
+                except BaseException:
+                    await connection.aclose()
+                    raise
             except NOT_SENT:
                 await self._next_member()
                 if attempt == len(self.config.endpoints) - 1 or time.monotonic() >= deadline:
@@ -126,6 +137,44 @@ class AsyncGateway:
             self._idle.append(connection)
             return _answer(status, content)
         raise AssertionError("unreachable: the last member's failure is raised")
+
+    # async-only: the started path
+    def ready(self) -> AsyncConnection | None:
+        """An idle connection a request can be started on at once (see :meth:`start`),
+        taken; ``None``, with nothing done, when the request must go by :meth:`request`
+        (to connect, authenticate, or close a connection the member closed)."""
+        if not self._authenticated or self._forks != forks() or not self._idle:
+            return None
+        if not self._idle[-1].reusable():
+            return None
+        return self._idle.pop()
+
+    # async-only: the started path
+    def start(self, connection: AsyncConnection, path: bytes, body: bytes, done: Answered) -> None:
+        """:meth:`request` of ``body`` to ``path`` on ``connection`` (from :meth:`ready`),
+        sent now, with no task: ``done(answer, None)`` or ``done(None, error)`` is called
+        from the event loop once etcd answered, or the request failed or timed out
+        (``timeout``). The errors are :meth:`request`'s; a refused token is not renewed
+        here -- the caller asks :meth:`request` again."""
+
+        def answered(answer: tuple[int, bytes] | None, error: BaseException | None) -> None:
+            if answer is not None:
+                self._idle.append(connection)
+                try:
+                    result = _answer(*answer)
+                except GatewayError as exc:
+                    if exc.auth_expired:
+                        self._authenticated = False
+                    done(None, exc)
+                    return
+                done(result, None)
+                return
+            connection.abort()
+            for other in self._switch_member():
+                other.abort()
+            done(None, error)
+
+        connection.start(path, self._headers, body, self.timeout, answered)
 
     async def lines(self, path: str, body: bytes, idle: float) -> AsyncIterator[dict[str, Any]]:
         """POST ``body`` to a streaming ``path`` (a watch) and yield each message as it

@@ -12,12 +12,14 @@ the new ttl if it differs, and keeps that lease alive at once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Coroutine
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
+from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL, Outcome
 from multilock.errors import LockLost
 
 from .._common import EtcdLockerCommon, Request, grant_request
@@ -36,6 +38,30 @@ from .._wire import (
 from ._gateway import AsyncGateway
 
 __all__ = ["AsyncEtcdLease", "AsyncEtcdLocker"]
+
+# async-only
+T = TypeVar("T")
+# async-only: the tasks of _follow, kept alive (the loop holds tasks only weakly)
+_following: set[asyncio.Future[Any]] = set()
+
+
+# async-only: the started path
+def _follow(outcome: Outcome[T], work: Coroutine[Any, Any, T]) -> None:
+    """Settle ``outcome`` as ``work``, run in a task (the task path, after a started
+    request met what only it handles)."""
+    task = asyncio.ensure_future(work)
+    _following.add(task)
+
+    def settle(done: asyncio.Future[T]) -> None:
+        _following.discard(done)
+        if done.cancelled():
+            outcome.set_exception(asyncio.CancelledError())
+        elif (error := done.exception()) is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(done.result())
+
+    task.add_done_callback(settle)
 
 
 class AsyncEtcdLease(AsyncLeaseBase):
@@ -59,7 +85,7 @@ class AsyncEtcdLease(AsyncLeaseBase):
         ttl: float,
         expires_at: datetime | None = None,
     ) -> None:
-        key = locker._key(name).decode("utf-8")
+        key = locker._keys_of(name)[0]
         super().__init__(name, key, request.tokens[i], revision, ttl, expires_at=expires_at)
         self._locker = locker
         self._wire_key = request.keys[i]
@@ -69,6 +95,10 @@ class AsyncEtcdLease(AsyncLeaseBase):
 
     async def _release(self) -> bool:
         return await self._locker._release_lease(self)
+
+    # async-only: the started path
+    def _start_release(self) -> Outcome[bool] | None:
+        return self._locker._start_release_lease(self)
 
     async def _extend(self, ttl: float | None) -> float:
         return await self._locker._extend_lease(self, self._ttl if ttl is None else ttl)
@@ -129,13 +159,59 @@ class AsyncEtcdLocker(EtcdLockerCommon, AsyncLockerBase):
                     answer = await self._send_acquire(request, slot)
                 self._granted(result, request, answer, slot, ttl)
         except (GatewayError, *TRANSPORT_ERRORS) as exc:
-            if request is not None and not isinstance(exc, (GatewayError, *NOT_SENT)):
-                # The answer was lost: the keys may be ours. Delete them if they are.
-                for key, value in zip(request.keys, request.values, strict=True):
-                    self._keeper.orphan(key, value, slot.id)
+            if request is not None:
+                self._unanswered(request, slot, exc)
             await self._give_back([lease for lease in result.values() if lease is not None])
             raise translate(exc, self._url, "acquiring") from None
         return result
+
+    # async-only: the started path
+    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None] | None:
+        """The acquire sent now on an idle connection, its outcome settled when etcd
+        answers (see ``AsyncGateway.start``); ``None`` when there is no etcd lease of
+        ``ttl`` yet or no idle connection: the task path (``_try_acquire``) goes then.
+        An answer that asks for more than a grant (the etcd lease gone, a token to
+        renew) hands the acquire to the task path, which asks again."""
+        self._check_ttl(ttl)
+        slot = self._keeper.slot(ttl)
+        if slot is None:
+            return None
+        connection = self._gateway.ready()
+        if connection is None:
+            return None
+        (request,) = self._requests([name])
+        outcome: Outcome[AsyncLeaseBase | None] = Outcome(loop=asyncio.get_running_loop())
+
+        def done(answer: dict[str, Any] | None, error: BaseException | None) -> None:
+            try:
+                if answer is not None:
+                    result: dict[str, AsyncLeaseBase | None] = {name: None}
+                    self._granted(result, request, answer, slot, ttl)
+                    outcome.set_result(result[name])
+                elif isinstance(error, GatewayError) and (
+                    error.lease_not_found or error.auth_expired
+                ):  # refused, nothing applied
+                    if error.lease_not_found:
+                        self._slot_gone(slot)
+                    _follow(outcome, self._try_acquire(name, ttl))
+                else:
+                    assert error is not None
+                    self._unanswered(request, slot, error)
+                    outcome.set_exception(translate(error, self._url, "acquiring"))
+            except Exception as exc:  # never into the protocol's data_received
+                if not outcome.done():
+                    outcome.set_exception(exc)
+
+        body = acquire_request(request.keys[0], request.values[0], slot.id)
+        self._gateway.start(connection, b"/v3/kv/txn", body, done)
+        return outcome
+
+    def _unanswered(self, request: Request, slot: Slot, exc: BaseException) -> None:
+        """An acquire of ``request`` failed with ``exc``: if its answer was lost (not an
+        error answer, and it was sent), its keys may be ours: have them deleted if so."""
+        if not isinstance(exc, (GatewayError, *NOT_SENT)):
+            for key, value in zip(request.keys, request.values, strict=True):
+                self._keeper.orphan(key, value, slot.id)
 
     async def _send_acquire(self, request: Request, slot: Slot) -> dict[str, Any]:
         if len(request.keys) == 1:
@@ -184,10 +260,42 @@ class AsyncEtcdLocker(EtcdLockerCommon, AsyncLockerBase):
                 "/v3/kv/txn", release_request(lease._wire_key, lease.fencing_token)
             )
         except (GatewayError, *TRANSPORT_ERRORS) as exc:
-            if lease.lost.is_set():
-                return False  # already reported lost: its key goes with its etcd lease
-            raise translate(exc, self._url, "releasing") from None
+            return self._release_failed(lease, exc)
         return bool(answer.get("succeeded"))
+
+    # async-only: the started path
+    def _start_release_lease(self, lease: AsyncEtcdLease) -> Outcome[bool] | None:
+        """``lease``'s release sent now on an idle connection (see
+        :meth:`_start_try_acquire`); ``None``, with nothing done, when there is none."""
+        connection = self._gateway.ready()
+        if connection is None:
+            return None
+        self._untrack(lease)  # before it is sent: the watch must not report our own delete
+        outcome: Outcome[bool] = Outcome(loop=asyncio.get_running_loop())
+
+        def done(answer: dict[str, Any] | None, error: BaseException | None) -> None:
+            try:
+                if answer is not None:
+                    outcome.set_result(bool(answer.get("succeeded")))
+                elif isinstance(error, GatewayError) and error.auth_expired:
+                    _follow(outcome, self._release_lease(lease))  # refused, nothing applied
+                else:
+                    assert error is not None
+                    outcome.set_result(self._release_failed(lease, error))
+            except Exception as exc:  # never into the protocol's data_received
+                if not outcome.done():
+                    outcome.set_exception(exc)
+
+        body = release_request(lease._wire_key, lease.fencing_token)
+        self._gateway.start(connection, b"/v3/kv/txn", body, done)
+        return outcome
+
+    def _release_failed(self, lease: AsyncEtcdLease, exc: BaseException) -> bool:
+        """``False`` for a lease already reported lost (its key goes with its etcd
+        lease); else the error of the release."""
+        if lease.lost.is_set():
+            return False
+        raise translate(exc, self._url, "releasing") from None
 
     async def _release_leases(self, leases: list[AsyncLeaseBase]) -> None:
         """Free ``leases`` in one transaction per batch (compare-and-delete each)."""

@@ -8,8 +8,12 @@ One member is asked at a time, the first of the URL to begin with. A request tha
 could not reach it (refused, no route, connect timeout: nothing was sent) goes to the
 next member; any later failure is reported -- the request may have been applied -- and
 the next request starts with the next member. Every request is bounded by the locker's
-``timeout``: each socket operation by what is left of it on the sync side, the whole
-request by one ``asyncio.timeout`` on the async side.
+``timeout``: the connect by what is left of it (at most ``connect_timeout``), the
+exchange by what is left after the connect (see ``_streams``).
+
+The async gateway can also *start* a request on an idle connection, from a plain
+callback (:meth:`AsyncGateway.start`): the answer comes to a callback of the caller's,
+settled by the connection's protocol, with no task or event-loop turn of its own.
 
 Connections are kept for the next request (one per request in flight at once); one
 found closed by the member while it was idle is replaced before the request is sent.
@@ -22,19 +26,17 @@ refused without being applied, is sent again.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from .._config import EtcdConfig
 from .._errors import NOT_SENT, TRANSPORT_ERRORS, GatewayError, translate
+from .._streams import forks
 from .._timeouts import sync_bounded
 from ._http import Connection
 
 __all__ = ["Gateway"]
-
-_JSON = (b"Content-Type", b"application/json")
 
 
 class Gateway:
@@ -44,9 +46,11 @@ class Gateway:
         self.config = config
         self.timeout = config.timeout if timeout is None else timeout
         self._idle: list[Connection] = []
-        self._pid = os.getpid()
+        self._forks = forks()
         self._member = 0
-        self._headers = [_JSON]
+        # No Content-Type: the gateway reads a body without one as JSON (its default
+        # marshaler), and h11 checks one header less per request.
+        self._headers: list[tuple[bytes, bytes]] = []
         self._authenticated = config.username is None
 
     def call(self, path: str, body: bytes, doing: str) -> dict[str, Any]:
@@ -72,20 +76,20 @@ class Gateway:
 
     def _authenticate(self) -> None:
         credentials = {"name": self.config.username, "password": self.config.password}
-        self._headers = [_JSON]
+        self._headers = []
         try:
             answer = self._post("/v3/auth/authenticate", json.dumps(credentials).encode())
         except GatewayError as exc:
             if "authentication is not enabled" not in exc.message:
                 raise
         else:
-            self._headers = [_JSON, (b"Authorization", str(answer["token"]).encode())]
+            self._headers = [(b"Authorization", str(answer["token"]).encode())]
         self._authenticated = True
 
     def _connection(self, deadline: float) -> Connection:
         """An idle connection to the current member, or a new one."""
-        if self._pid != os.getpid():  # a forked child must not share its parent's sockets
-            self._idle, self._pid = [], os.getpid()
+        if self._forks != forks():  # a forked child must not share its parent's sockets
+            self._idle, self._forks = [], forks()
         while self._idle:
             connection = self._idle.pop()
             if connection.reusable():
@@ -95,26 +99,32 @@ class Gateway:
         left = max(0.001, min(deadline - time.monotonic(), self.config.connect_timeout))
         return Connection.open(host, port, self.config.ssl_context, left)
 
-    def _next_member(self) -> None:
-        """Ask the next member from now on (the current one failed)."""
+    def _switch_member(self) -> list[Connection]:
+        """Ask the next member from now on (the current one failed); the idle
+        connections to the old one, which the caller closes."""
         self._member = (self._member + 1) % len(self.config.endpoints)
         idle, self._idle = self._idle, []
-        for connection in idle:
+        return idle
+
+    def _next_member(self) -> None:
+        """Ask the next member from now on (the current one failed)."""
+        for connection in self._switch_member():
             connection.close()
 
     def _post(self, path: str, body: bytes) -> dict[str, Any]:
+        # The connect is bounded by what is left (at most connect_timeout), the exchange
+        # by what is left after it: the request by ``timeout`` in all.
         deadline = time.monotonic() + self.timeout
         target = path.encode()
         for attempt in range(len(self.config.endpoints)):
             try:
-                with sync_bounded(max(0.001, deadline - time.monotonic())):
-                    connection = self._connection(deadline)
-                    try:
-                        left = max(0.001, deadline - time.monotonic())
-                        status, content = connection.request(target, self._headers, body, left)
-                    except BaseException:
-                        connection.close()
-                        raise
+                connection = self._connection(deadline)
+                try:
+                    left = max(0.001, deadline - time.monotonic())
+                    status, content = connection.request(target, self._headers, body, left)
+                except BaseException:
+                    connection.close()
+                    raise
             except NOT_SENT:
                 self._next_member()
                 if attempt == len(self.config.endpoints) - 1 or time.monotonic() >= deadline:

@@ -61,7 +61,7 @@ class EtcdLease(LeaseBase):
         ttl: float,
         expires_at: datetime | None = None,
     ) -> None:
-        key = locker._key(name).decode("utf-8")
+        key = locker._keys_of(name)[0]
         super().__init__(name, key, request.tokens[i], revision, ttl, expires_at=expires_at)
         self._locker = locker
         self._wire_key = request.keys[i]
@@ -129,13 +129,18 @@ class EtcdLocker(EtcdLockerCommon, LockerBase):
                     answer = self._send_acquire(request, slot)
                 self._granted(result, request, answer, slot, ttl)
         except (GatewayError, *TRANSPORT_ERRORS) as exc:
-            if request is not None and not isinstance(exc, (GatewayError, *NOT_SENT)):
-                # The answer was lost: the keys may be ours. Delete them if they are.
-                for key, value in zip(request.keys, request.values, strict=True):
-                    self._keeper.orphan(key, value, slot.id)
+            if request is not None:
+                self._unanswered(request, slot, exc)
             self._give_back([lease for lease in result.values() if lease is not None])
             raise translate(exc, self._url, "acquiring") from None
         return result
+
+    def _unanswered(self, request: Request, slot: Slot, exc: BaseException) -> None:
+        """An acquire of ``request`` failed with ``exc``: if its answer was lost (not an
+        error answer, and it was sent), its keys may be ours: have them deleted if so."""
+        if not isinstance(exc, (GatewayError, *NOT_SENT)):
+            for key, value in zip(request.keys, request.values, strict=True):
+                self._keeper.orphan(key, value, slot.id)
 
     def _send_acquire(self, request: Request, slot: Slot) -> dict[str, Any]:
         if len(request.keys) == 1:
@@ -184,10 +189,15 @@ class EtcdLocker(EtcdLockerCommon, LockerBase):
                 "/v3/kv/txn", release_request(lease._wire_key, lease.fencing_token)
             )
         except (GatewayError, *TRANSPORT_ERRORS) as exc:
-            if lease.lost.is_set():
-                return False  # already reported lost: its key goes with its etcd lease
-            raise translate(exc, self._url, "releasing") from None
+            return self._release_failed(lease, exc)
         return bool(answer.get("succeeded"))
+
+    def _release_failed(self, lease: EtcdLease, exc: BaseException) -> bool:
+        """``False`` for a lease already reported lost (its key goes with its etcd
+        lease); else the error of the release."""
+        if lease.lost.is_set():
+            return False
+        raise translate(exc, self._url, "releasing") from None
 
     def _release_leases(self, leases: list[LeaseBase]) -> None:
         """Free ``leases`` in one transaction per batch (compare-and-delete each)."""

@@ -30,10 +30,13 @@ from .._runtime import (
     AsyncGuard,
     AsyncMutex,
     AsyncWatch,
+    Row,
+    async_ask,
     async_connect,
     async_hang_up,
     async_is_open,
 )
+from .._started import AsyncStartedLease, AsyncStartedLocker
 
 __all__ = ["AsyncMySQLLease", "AsyncMySQLLocker"]
 
@@ -56,7 +59,7 @@ _CAPABILITIES = frozenset(
 )
 
 
-class AsyncMySQLLease(AsyncLeaseBase):
+class AsyncMySQLLease(AsyncStartedLease, AsyncLeaseBase):
     """A user-level lock. ``expires_at`` is ``None``: it lasts as long as the session,
     and ``extend()`` only checks that the session is alive."""
 
@@ -75,7 +78,7 @@ class AsyncMySQLLease(AsyncLeaseBase):
         return None
 
 
-class AsyncMySQLLocker(AsyncLockerBase):
+class AsyncMySQLLocker(AsyncStartedLocker, AsyncLockerBase):
     """Locks of a ``mysql://`` or ``mariadb://`` URL, taken with ``GET_LOCK(key, 0)``."""
 
     max_name_length = None  # any name: one too long for the server is hashed (_keys)
@@ -113,17 +116,21 @@ class AsyncMySQLLocker(AsyncLockerBase):
 
     # -- acquiring ----------------------------------------------------------------------
 
-    async def _try_acquire(self, name: str, ttl: float) -> AsyncMySQLLease | None:
+    async def _try_acquire(
+        self, name: str, ttl: float, failed: BaseException | None = None
+    ) -> AsyncMySQLLease | None:
+        """``failed``: the started path (``_started.py``) sent this acquire, holding the
+        mutex, and met this error: handled as if this call's own round trip had."""
         key = self._keys.key(name)
         lost: _Lost = []
         try:
-            async with self._mutex:
+            async with self._mutex if failed is None else _Taken(self._mutex):
                 if key in self._held:
                     return None  # this session holds it: re-entry would be a second owner
                 if self._settings.fence is None:  # the hot path: one key, one answer
-                    granted, fence = await self._lock_one(key, lost) == 1, None
+                    granted, fence = await self._lock_one(key, lost, failed) == b"1", None
                 else:
-                    grants, fences = await self._lock([key], lost)
+                    grants, fences = await self._lock([key], lost, failed)
                     granted, fence = grants[0], fences[0]
                 if not granted:
                     return None
@@ -133,43 +140,54 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 _fire(lost)
 
     async def _try_acquire_many(
-        self, names: list[str], ttl: float
+        self, names: list[str], ttl: float, failed: BaseException | None = None
     ) -> dict[str, AsyncLeaseBase | None]:
+        """``failed``: as for :meth:`_try_acquire`."""
         keys = [self._keys.key(name) for name in names]
         lost: _Lost = []
         try:
-            async with self._mutex:
+            async with self._mutex if failed is None else _Taken(self._mutex):
                 wanted = [key for key in keys if key not in self._held]
                 won: dict[str, int | None] = {}
                 if wanted:
-                    granted, fences = await self._lock(wanted, lost)
+                    granted, fences = await self._lock(wanted, lost, failed)
                     won = {k: f for k, g, f in zip(wanted, granted, fences, strict=True) if g}
-                # Granted by one statement: one timestamp serves the whole batch, and one
-                # owner token, made unique per lease by its position.
-                now, batch = datetime.now(UTC), _new_token()
-                result: dict[str, AsyncLeaseBase | None] = {}
-                for i, (name, key) in enumerate(zip(names, keys, strict=True)):
-                    if key in won:
-                        result[name] = self._grant(name, key, f"{batch}.{i:x}", won[key], now)
-                    else:
-                        result[name] = None
-                return result
+                return self._grant_many(names, keys, won)
         finally:
             if lost:
                 _fire(lost)
 
-    async def _lock_one(self, key: str, lost: _Lost) -> Any:
-        """``GET_LOCK`` of one key without fencing: its answer (``1``: granted). Should
+    def _grant_many(
+        self, names: list[str], keys: list[str], won: dict[str, int | None]
+    ) -> dict[str, AsyncLeaseBase | None]:
+        """A lease (with its fencing token) for each name whose key is in ``won``, else
+        ``None``. Granted by one statement: one timestamp serves the whole batch, and
+        one owner token, made unique per lease by its position."""
+        now, batch = datetime.now(UTC), _new_token()
+        result: dict[str, AsyncLeaseBase | None] = {}
+        for i, (name, key) in enumerate(zip(names, keys, strict=True)):
+            if key in won:
+                result[name] = self._grant(name, key, f"{batch}.{i:x}", won[key], now)
+            else:
+                result[name] = None
+        return result
+
+    async def _lock_one(
+        self, key: str, lost: _Lost, failed: BaseException | None = None
+    ) -> bytes | None:
+        """``GET_LOCK`` of one key without fencing: its answer (``b"1"``: granted). Should
         the answer be lost on a session that lives on, the key is suspect (see below)."""
         try:
-            (answer,) = await self._ask(_sql.lock(key), lost, "try_acquire")
+            (answer,) = await self._ask(_sql.lock(key), lost, "try_acquire", failed=failed)
         except BaseException:
             if self._conn is not None:
                 self._suspects.add(key)
             raise
         return answer
 
-    async def _lock(self, keys: list[str], lost: _Lost) -> tuple[list[bool], list[int | None]]:
+    async def _lock(
+        self, keys: list[str], lost: _Lost, failed: BaseException | None = None
+    ) -> tuple[list[bool], list[int | None]]:
         """Ask for ``keys`` in one round trip: whether each was granted, and its fencing
         token. Caller holds the mutex. Should the answer be lost on a session that
         lives on, the keys are suspect: released before the next statement."""
@@ -177,20 +195,21 @@ class AsyncMySQLLocker(AsyncLockerBase):
         try:
             if fence is not None:
                 grants, last, changed = await self._ask(
-                    _sql.fenced_lock(keys, fence), lost, "try_acquire", results=3
+                    _sql.fenced_lock(keys, fence), lost, "try_acquire", failed=failed
                 )
                 granted = _sql.answers(grants, len(keys))
                 count = sum(granted)
-                if count and changed != 1:
+                if count and changed != b"1":
                     taken = [key for key, g in zip(keys, granted, strict=True) if g]
                     await self._ask(_sql.unlock_many(taken), lost, "release", reconnect=False)
                     raise ConfigurationError(
                         f"MySQL at {self.url}: the fencing sequence table {fence} has lost its"
                         f" row id={_sql.FENCE_ROW}; tokens cannot be handed out"
                     )
-                tokens = iter(range(int(last) - count + 1, int(last) + 1))
+                top = int(last or 0)
+                tokens = iter(range(top - count + 1, top + 1))
                 return granted, [next(tokens) if g else None for g in granted]
-            (grants,) = await self._ask(_sql.lock_many(keys), lost, "try_acquire")
+            (grants,) = await self._ask(_sql.lock_many(keys), lost, "try_acquire", failed=failed)
             return _sql.answers(grants, len(keys)), [None] * len(keys)
         except BaseException:
             if self._conn is not None:
@@ -212,33 +231,44 @@ class AsyncMySQLLocker(AsyncLockerBase):
         """Free ``leases`` in one round trip."""
         await self._unlock([lease for lease in leases if isinstance(lease, AsyncMySQLLease)])
 
-    async def _unlock(self, leases: list[AsyncMySQLLease]) -> int:
+    async def _unlock(
+        self, leases: list[AsyncMySQLLease], failed: BaseException | None = None
+    ) -> int:
         """Release, in one round trip, those of ``leases`` the session still holds (one
-        lost with its session, or never ours, has nothing to free); how many were freed."""
+        lost with its session, or never ours, has nothing to free); how many were freed.
+        ``failed``: as for :meth:`_try_acquire`."""
         lost: _Lost = []
         try:
-            async with self._mutex:
+            async with self._mutex if failed is None else _Taken(self._mutex):
                 keys = [lease.key for lease in leases if self._held.get(lease.key) is lease]
                 if not keys:
                     return 0
                 one = len(keys) == 1
                 query = _sql.unlock(keys[0]) if one else _sql.unlock_many(keys)
                 try:
-                    (answer,) = await self._ask(query, lost, "release", reconnect=False)
+                    (answer,) = await self._ask(
+                        query, lost, "release", reconnect=False, failed=failed
+                    )
                 except MultilockError as exc:
                     # A dead session took the locks with it. A live one that failed to
                     # answer keeps the keys tracked, to be released on close.
                     _log.warning("releasing user-level locks %s: %s", keys, exc)
                     return 0
-                for key in keys:
-                    del self._held[key]
-                freed = int(answer == 1) if one else sum(_sql.answers(answer, len(keys)))
-                if freed != len(keys):
-                    _log.error("locks %s: %d not held by the session", keys, len(keys) - freed)
-                return freed
+                return self._unlocked(keys, answer)
         finally:
             if lost:
                 _fire(lost)
+
+    def _unlocked(self, keys: list[str], answer: bytes | None) -> int:
+        """Forget ``keys``, released by one statement whose answer is ``answer``; how
+        many the server freed."""
+        for key in keys:
+            del self._held[key]
+        one = len(keys) == 1
+        freed = int(answer == b"1") if one else sum(_sql.answers(answer, len(keys)))
+        if freed != len(keys):
+            _log.error("locks %s: %d not held by the session", keys, len(keys) - freed)
+        return freed
 
     # -- health -------------------------------------------------------------------------
 
@@ -291,17 +321,19 @@ class AsyncMySQLLocker(AsyncLockerBase):
         lost: _Lost,
         doing: str,
         *,
-        results: int = 1,
         reconnect: bool = True,
         health: bool = False,
-    ) -> tuple[Any, ...]:
-        """One round trip on the session, connecting first if needed: the one row of the
-        last of ``results`` result sets. Caller holds the mutex. If an established
+        failed: BaseException | None = None,
+    ) -> Row:
+        """One round trip on the session, connecting first if needed: the first row of
+        the last of the query's result sets, each column's text (``None``: ``NULL``).
+        Caller holds the mutex. If an established
         session turns out dead, its leases go to ``lost`` and, when ``reconnect``, the
         query is asked once more on a new session: the old session's locks died with
         it, so nothing is granted twice. A session that did not answer in time (within
         ``timeout``, or ``health_timeout`` for the ``health`` check) is not asked again:
-        a new one would most likely hang the same way."""
+        a new one would most likely hang the same way. ``failed``: the error the started
+        path met asking ``query`` on this session, raised here in its place."""
         settings = self._settings
         timeout = settings.health_timeout if health else settings.timeout
         retry = reconnect
@@ -313,15 +345,13 @@ class AsyncMySQLLocker(AsyncLockerBase):
                 cursor = await self._connect()
                 retry = False
             try:
+                if failed is not None:
+                    error, failed = failed, None
+                    raise error
                 async with self._guard.until(timeout, self._conn):
                     if self._suspects:
                         await self._release_suspects(cursor)
-                    await cursor.execute(query)
-                    if results > 1:
-                        for _ in range(results - 1):
-                            await cursor.nextset()
-                    row: tuple[Any, ...] = await cursor.fetchone()
-                    return row
+                    return await async_ask(self._conn, query.encode())
             except _DRIVER_ERRORS as exc:
                 hung = self._guard.expired or _timed_out(exc)
                 if not hung and self._conn is not None and async_is_open(self._conn):
@@ -483,3 +513,19 @@ def _fire(lost: _Lost) -> None:
     for lease, reason in lost:
         if not lease._released:
             lease.lost.set(reason)
+
+
+class _Taken:
+    """The session's mutex, taken already by the started path that hands its call over
+    (``failed=``): released at the end of the block, as ``async with mutex`` would."""
+
+    __slots__ = ("_mutex",)
+
+    def __init__(self, mutex: AsyncMutex) -> None:
+        self._mutex = mutex
+
+    async def __aenter__(self) -> None:
+        pass
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._mutex.release()

@@ -25,7 +25,7 @@ from psycopg.types.numeric import Int8
 
 from multilock.backend import Capability, LeaseBase, LockerBase, LockInfo, LockURL
 from multilock.backend import new_token as _new_token
-from multilock.errors import BackendUnavailable, MultilockError
+from multilock.errors import BackendUnavailable, ClaimsUnavailable, InvalidLockName, MultilockError
 
 from .. import _sql
 from .._config import Settings, parse_settings
@@ -39,6 +39,8 @@ from .._runtime import (
     Ticker,
     readable,
 )
+from .._started import SyncStartedLease, SyncStartedLocker
+from .._wait import PostgresWatch
 from . import session as _session
 
 __all__ = ["PostgresLease", "PostgresLocker"]
@@ -61,11 +63,12 @@ _CAPABILITIES = frozenset(
         Capability.LOST_SIGNAL,
         Capability.INTROSPECTION,
         Capability.BATCH,
+        Capability.TICK_CLAIM,
     }
 )
 
 
-class PostgresLease(LeaseBase):
+class PostgresLease(SyncStartedLease, LeaseBase):
     """A session advisory lock. ``expires_at`` is ``None``: it lasts as long as the
     session, and ``extend()`` only checks that the session is alive."""
 
@@ -84,10 +87,11 @@ class PostgresLease(LeaseBase):
         return None
 
 
-class PostgresLocker(LockerBase):
+class PostgresLocker(SyncStartedLocker, LockerBase):
     """Locks of a ``postgresql://`` URL, taken with ``pg_try_advisory_lock``."""
 
     max_name_length = None
+    claim_retention: float | None = None  # rows of the claims table are never deleted
 
     def __init__(self, url: LockURL) -> None:
         settings = parse_settings(url)
@@ -108,6 +112,8 @@ class PostgresLocker(LockerBase):
         self._ticker: Ticker | None = None
         self._watch = SocketWatch(self._mutex, self._on_socket, "multilock-postgres-watch")
         self._holding = _Holding(self)
+        self._claims = _sql.claim_statements(settings.claims_table)
+        self._claims_ready = False  # the claims table is known to be there, and ours to write
 
     @property
     def session_pid(self) -> int | None:
@@ -117,35 +123,45 @@ class PostgresLocker(LockerBase):
 
     # -- acquiring ----------------------------------------------------------------------
 
-    def _try_acquire(self, name: str, ttl: float) -> PostgresLease | None:
+    def _try_acquire(
+        self, name: str, ttl: float, failed: psycopg.Error | None = None
+    ) -> PostgresLease | None:
+        """``failed``: the started path (``_started.py``) sent this acquire, holding the
+        session, and met this error: handled here as if this call had met it."""
         key = self._keys.key(name)
         lost: _Lost = []
         try:
-            with self._holding:
+            with self._holding if failed is None else _Holding(self, taken=True):
                 if key in self._held:
                     return None  # this session holds it: re-entry would be a second owner
-                rows = self._ask_lock(_LOCK, (Int8(key),), [key], lost)
-                fence = rows[0][0]
-                if fence == 0:
-                    return None
-                lease = self._grant(name, key, _new_token(), fence, datetime.now(UTC))
-                self._ensure_ticker()  # the lease is tracked: close() frees it, come what may
-                return lease
+                rows = self._ask_lock(_LOCK, (Int8(key),), [key], lost, failed)
+                return self._lease_of(name, key, rows[0][0])
         finally:
             _fire(lost)
 
-    def _try_acquire_many(self, names: list[str], ttl: float) -> dict[str, LeaseBase | None]:
+    def _lease_of(self, name: str, key: int, fence: int | None) -> PostgresLease | None:
+        """The lease an acquire statement's answer ``fence`` grants (``0``: none)."""
+        if fence == 0:
+            return None
+        lease = self._grant(name, key, _new_token(), fence, datetime.now(UTC))
+        self._ensure_ticker()  # the lease is tracked: close() frees it, come what may
+        return lease
+
+    def _try_acquire_many(
+        self, names: list[str], ttl: float, failed: psycopg.Error | None = None
+    ) -> dict[str, LeaseBase | None]:
+        """``failed``: as for :meth:`_try_acquire`."""
         keys = [self._keys.key(name) for name in names]
         lost: _Lost = []
         try:
-            with self._holding:
+            with self._holding if failed is None else _Holding(self, taken=True):
                 # Ask once per distinct key not held here: a key twice in one batch
                 # would be granted twice by the re-entrant session lock.
                 wanted = [k for k in dict.fromkeys(keys) if k not in self._held]
                 granted: dict[int, int | None] = {}
                 if wanted:
                     params = (_sql.bigint_array(wanted),)
-                    rows = self._ask_lock(_LOCK_MANY, params, wanted, lost)
+                    rows = self._ask_lock(_LOCK_MANY, params, wanted, lost, failed)
                     got, fences = rows[0]
                     if got:
                         granted = dict(zip(got, fences, strict=True))
@@ -195,6 +211,67 @@ class PostgresLocker(LockerBase):
         else:
             self._ticker.ensure_running()
 
+    # -- tick claims --------------------------------------------------------------------
+
+    def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        """One ``INSERT ... ON CONFLICT ... WHERE ... RETURNING`` for the whole batch (the
+        first claim of a locker makes sure of the table first: see :meth:`_claims_table`)."""
+        for name in names:
+            if "\x00" in name:
+                raise InvalidLockName("a tick claim's name cannot hold NUL on PostgreSQL")
+        lost: _Lost = []
+        try:
+            with self._holding:
+                if not self._claims_ready:
+                    self._claims_table(lost)
+                params = (names, [Int8(fire) for fire in fires])
+                rows = self._ask(self._claims.claim, params, lost, "claiming ticks")
+        finally:
+            _fire(lost)
+        won = {row[0] for row in rows}
+        return [name in won for name in names]
+
+    def _claims_table(self, lost: _Lost) -> None:
+        """Make sure the claims table exists (``CREATE TABLE IF NOT EXISTS``, racing other
+        lockers harmlessly) and that this role may write it; else
+        :class:`ClaimsUnavailable`, saying what an administrator can run. Caller holds
+        the mutex."""
+        doing = "preparing the tick claims table"
+        rows = self._ask(self._claims.usable, None, lost, doing)
+        exists, writable = rows[0]
+        table, url = self._claims.table, self._settings.url
+        fix = (
+            f" Have an administrator run: {self._claims.create};"
+            f" GRANT SELECT, INSERT, UPDATE ON {table} TO <role>. Until then the scheduler"
+            " holds its jobs' locks instead (exactly once only within skew_tolerance)."
+        )
+        if not exists:
+            conn = self._conn
+            assert conn is not None
+            try:
+                _session.answer(conn, self._settings, doing, self._claims.create)
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                pass  # made meanwhile by another locker
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise ClaimsUnavailable(
+                    f"PostgreSQL at {url.masked}: this role may not create the tick claims"
+                    f" table {table!r} ({_reason(exc)}).{fix}"
+                ) from None
+            except psycopg.Error as exc:
+                raise driver_error(url, exc, doing) from None
+            rows = self._ask(self._claims.usable, None, lost, doing)
+            exists, writable = rows[0]
+        if not writable:
+            raise ClaimsUnavailable(
+                f"PostgreSQL at {url.masked}: this role may not read and write the tick"
+                f" claims table {table!r}.{fix}"
+            )
+        self._claims_ready = True
+
+    def watch_released(self, name: str) -> PostgresWatch:
+        """A session of the waiter's own, queued for the key until it is released."""
+        return PostgresWatch(self._settings, self._keys.key(name))
+
     # -- releasing ----------------------------------------------------------------------
 
     def _unlock(self, lease: PostgresLease) -> bool:
@@ -204,12 +281,13 @@ class PostgresLocker(LockerBase):
         """Free ``leases`` in one round trip (``pg_advisory_unlock`` over an array)."""
         self._unlock_all([lease for lease in leases if isinstance(lease, PostgresLease)])
 
-    def _unlock_all(self, leases: list[PostgresLease]) -> int:
+    def _unlock_all(self, leases: list[PostgresLease], failed: psycopg.Error | None = None) -> int:
         """Unlock, in one round trip, those of ``leases`` the session still holds (one lost
-        with its session, or never ours, has nothing to free); how many the server freed."""
+        with its session, or never ours, has nothing to free); how many the server freed.
+        ``failed``: as for :meth:`_try_acquire`."""
         lost: _Lost = []
         try:
-            with self._holding:
+            with self._holding if failed is None else _Holding(self, taken=True):
                 held = [lease for lease in leases if self._held.get(lease.key) is lease]
                 if not held:
                     return 0
@@ -224,20 +302,25 @@ class PostgresLocker(LockerBase):
                     )
                 what = f"key {held[0].key} of {held[0].name!r}" if one else f"{len(held)} keys"
                 try:
-                    rows = self._ask(query, params, lost, "release", reconnect=False)
+                    rows = self._ask(query, params, lost, "release", reconnect=False, failed=failed)
                 except MultilockError as exc:
                     # A dead session took the locks with it. A live one that failed to
                     # answer keeps the keys tracked, to be unlocked on close.
                     _log.warning("releasing advisory %s: %s", what, exc)
                     return 0
-                for lease in held:
-                    del self._held[lease.key]
-                freed = sum(1 for (done,) in rows if done)
-                if freed != len(held):
-                    _log.error("advisory %s: %d not held by the session", what, len(held) - freed)
-                return freed
+                return self._unlocked(held, rows, what)
         finally:
             _fire(lost)
+
+    def _unlocked(self, held: list[PostgresLease], rows: list[Any], what: str) -> int:
+        """Forget ``held``, which the unlock statement answered with ``rows``; how many
+        the server freed."""
+        for lease in held:
+            del self._held[lease.key]
+        freed = sum(1 for (done,) in rows if done)
+        if freed != len(held):
+            _log.error("advisory %s: %d not held by the session", what, len(held) - freed)
+        return freed
 
     # -- health -------------------------------------------------------------------------
 
@@ -321,11 +404,13 @@ class PostgresLocker(LockerBase):
         doing: str,
         *,
         reconnect: bool = True,
+        failed: psycopg.Error | None = None,
     ) -> list[Any]:
         """One round trip on the session, connecting first if needed. Caller holds
         the mutex. If an established session turns out dead, its leases go to
         ``lost`` and, when ``reconnect``, the query is asked once more on a new
-        session: the old session's locks died with it, so nothing is granted twice."""
+        session: the old session's locks died with it, so nothing is granted twice.
+        ``failed``: the error the started path met asking it on this session."""
         retry = reconnect
         while True:
             cursor = self._cursor
@@ -335,6 +420,9 @@ class PostgresLocker(LockerBase):
                 cursor = self._connect()
                 retry = False
             try:
+                if failed is not None:
+                    error, failed = failed, None
+                    raise error
                 if self._suspects:
                     self._unlock_suspects(cursor)
                 text = query if isinstance(query, str) else query(self._statements)
@@ -382,7 +470,12 @@ class PostgresLocker(LockerBase):
         self._prepared.add(query)
 
     def _ask_lock(
-        self, query: _Query, params: Sequence[Any], keys: list[int], lost: _Lost
+        self,
+        query: _Query,
+        params: Sequence[Any],
+        keys: list[int],
+        lost: _Lost,
+        failed: psycopg.Error | None = None,
     ) -> list[Any]:
         """``_ask`` for an acquire statement. One that fails or is interrupted in flight
         may have been granted first (``nextval`` of the fencing sequence runs after
@@ -390,7 +483,7 @@ class PostgresLocker(LockerBase):
         cancels an interrupted query the server may have run): its keys are suspect,
         unlocked at once where possible, else before the next statement."""
         try:
-            return self._ask(query, params, lost, "try_acquire")
+            return self._ask(query, params, lost, "try_acquire", failed=failed)
         except BaseException as exc:
             if self._cursor is not None:  # else the session died, and its locks with it
                 self._suspects.update(keys)
@@ -468,6 +561,21 @@ class PostgresLocker(LockerBase):
             finally:
                 conn.close()
 
+    def _let_go(self) -> None:
+        """The session is idle again: watched while leases are held, and the mutex
+        released (the end of a hold: ``_Holding``, or the started path's answer)."""
+        try:
+            conn = self._conn
+            if self._held and conn is not None and not conn.closed:
+                self._watch.idle(conn.pgconn.socket)
+            else:
+                self._watch.clear()
+        except psycopg.Error as error:  # unusable: the next call says why
+            _log.debug("PostgreSQL session watch not armed: %s", error)
+            self._watch.clear()
+        finally:
+            self._mutex.release()
+
     # -- introspection ------------------------------------------------------------------
 
     def locks(self) -> list[LockInfo]:
@@ -524,13 +632,22 @@ class _Holding:
     all of it, the wait for the mutex included, runs under it. A class, not a
     generator: this is on every call's path, and costs a fifth as much."""
 
-    __slots__ = ("_deadline", "_locker")
+    __slots__ = ("_deadline", "_locker", "_taken")
 
-    def __init__(self, locker: PostgresLocker, deadline: Deadline | None = None) -> None:
+    def __init__(
+        self,
+        locker: PostgresLocker,
+        deadline: Deadline | None = None,
+        *,
+        taken: bool = False,
+    ) -> None:
         self._locker = locker
         self._deadline = deadline
+        self._taken = taken  # held already, by the started path that hands over to us
 
     def __enter__(self) -> None:
+        if self._taken:
+            return
         if self._deadline is not None:
             self._deadline.__enter__()
         try:
@@ -541,18 +658,9 @@ class _Holding:
         self._locker._watch.busy()
 
     def __exit__(self, *exc: object) -> None:
-        locker = self._locker
         try:
-            conn = locker._conn
-            if locker._held and conn is not None and not conn.closed:
-                locker._watch.idle(conn.pgconn.socket)
-            else:
-                locker._watch.clear()
-        except psycopg.Error as error:  # unusable: the next call says why
-            _log.debug("PostgreSQL session watch not armed: %s", error)
-            locker._watch.clear()
+            self._locker._let_go()
         finally:
-            locker._mutex.release()
             self._leave_deadline()
 
     def _leave_deadline(self) -> None:

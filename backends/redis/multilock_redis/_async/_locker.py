@@ -18,7 +18,15 @@ from .._config import SENTINEL, AsyncClient
 from .._errors import REDIS_ERRORS, translate
 from .._keys import lock_key
 from .._pubsub import async_close_pubsub
-from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
+from .._scripts import (
+    ACQUIRE,
+    ACQUIRE_MANY,
+    CLAIM,
+    EXTEND,
+    RELEASE,
+    RELEASE_MANY,
+    parse_fences,
+)
 from ._cluster import new_link
 from ._lua import AsyncLink
 
@@ -132,6 +140,24 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         await self._hold(granted, start)
         return result
 
+    async def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        """One CLAIM script call (on a cluster, one per slot, pipelined)."""
+        requests = self._claim_requests(names, fires)
+        won = [False] * len(names)
+
+        def answered(i: int, answer: bytes | str) -> None:
+            self._claimed(requests[i], answer, won)
+
+        try:
+            if len(requests) == 1:
+                answered(0, await self._link.run(CLAIM, requests[0][1], requests[0][2]))
+            else:
+                calls = [(keys, args) for _, keys, args in requests]
+                await self._link.run_pipelined(CLAIM, calls, answered)
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "claiming ticks") from None
+        return won
+
     async def _hold(self, leases: list[AsyncRedisLease], start: float) -> None:
         """Track and renew ``leases``, granted at monotonic ``start``; should that fail,
         release them before the error is raised: a granted lock is never orphaned."""
@@ -200,7 +226,9 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
 
-    def _watch_released(self, name: str) -> AsyncReleaseWatch:
+    def watch_released(self, name: str) -> AsyncReleaseWatch:
+        """A watch woken by the release announced on the name's channel (a cluster's and
+        Sentinel's only sleep: their waiters poll)."""
         # A cluster's waiters poll (see RELEASE); so do Sentinel's: closing a pub/sub
         # connection of its managed pool took seconds a wait.
         if not isinstance(self._link, AsyncLink) or self._config.topology == SENTINEL:

@@ -20,7 +20,15 @@ from .._config import SENTINEL, SyncClient
 from .._errors import REDIS_ERRORS, translate
 from .._keys import lock_key
 from .._pubsub import sync_close_pubsub
-from .._scripts import ACQUIRE, ACQUIRE_MANY, EXTEND, RELEASE, RELEASE_MANY, parse_fences
+from .._scripts import (
+    ACQUIRE,
+    ACQUIRE_MANY,
+    CLAIM,
+    EXTEND,
+    RELEASE,
+    RELEASE_MANY,
+    parse_fences,
+)
 from ._cluster import new_link
 from ._lua import SyncLink
 
@@ -130,6 +138,24 @@ class RedisLocker(RedisLockerCommon, LockerBase):
         self._hold(granted, start)
         return result
 
+    def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        """One CLAIM script call (on a cluster, one per slot, pipelined)."""
+        requests = self._claim_requests(names, fires)
+        won = [False] * len(names)
+
+        def answered(i: int, answer: bytes | str) -> None:
+            self._claimed(requests[i], answer, won)
+
+        try:
+            if len(requests) == 1:
+                answered(0, self._link.run(CLAIM, requests[0][1], requests[0][2]))
+            else:
+                calls = [(keys, args) for _, keys, args in requests]
+                self._link.run_pipelined(CLAIM, calls, answered)
+        except REDIS_ERRORS as exc:
+            raise translate(exc, self._url, "claiming ticks") from None
+        return won
+
     def _hold(self, leases: list[RedisLease], start: float) -> None:
         """Track and renew ``leases``, granted at monotonic ``start``; should that fail,
         release them before the error is raised: a granted lock is never orphaned."""
@@ -198,7 +224,9 @@ class RedisLocker(RedisLockerCommon, LockerBase):
             raise translate(exc, self._url, "extending") from None
         return self._extended(lease, answers[0], ttl, start)
 
-    def _watch_released(self, name: str) -> ReleaseWatch:
+    def watch_released(self, name: str) -> ReleaseWatch:
+        """A watch woken by the release announced on the name's channel (a cluster's and
+        Sentinel's only sleep: their waiters poll)."""
         # A cluster's waiters poll (see RELEASE); so do Sentinel's: closing a pub/sub
         # connection of its managed pool took seconds a wait.
         if not isinstance(self._link, SyncLink) or self._config.topology == SENTINEL:

@@ -16,6 +16,7 @@ from multilock.backend import AsyncLeaseBase, AsyncLockerBase, LockURL
 from .._batch import Node
 from .._bridge import async_settle, async_stop
 from .._capabilities import CAPABILITIES
+from .._claims import TickClaims
 from .._config import Config
 from .._session import Session
 from .._started import AsyncStartedLease, AsyncStartedLocker
@@ -92,6 +93,16 @@ class AsyncZooKeeperLocker(AsyncStartedLocker, AsyncLockerBase):
             raise
         return batch.finish(self._lease)
 
+    async def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        await self._connected()
+        claims = TickClaims(self._session, names, fires)
+        while requests := claims.send():
+            deadline = self._session.deadline()
+            for request in requests:
+                await async_settle(request, deadline)
+            claims.interpret()
+        return claims.result()
+
     def _lease(self, node: Node) -> AsyncLeaseBase:
         return AsyncZooKeeperLease(self._session, node)
 
@@ -112,7 +123,8 @@ class AsyncZooKeeperLocker(AsyncStartedLocker, AsyncLockerBase):
             await async_settle(request, deadline)
         return self._session.lock_infos(reads)
 
-    def _watch_released(self, name: str) -> AsyncZooKeeperWatch:
+    def watch_released(self, name: str) -> AsyncZooKeeperWatch:
+        """A watch woken when the name's lock node changes (a holder's node deleted)."""
         session = self._session
         return AsyncZooKeeperWatch(session.watches, session.lock_path(name), session.deadline)
 

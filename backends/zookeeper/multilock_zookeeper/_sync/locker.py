@@ -18,6 +18,7 @@ from multilock.backend import LeaseBase, LockerBase, LockURL
 from .._batch import Node
 from .._bridge import sync_settle, sync_stop
 from .._capabilities import CAPABILITIES
+from .._claims import TickClaims
 from .._config import Config
 from .._session import Session
 from .._started import SyncStartedLease, SyncStartedLocker
@@ -92,6 +93,16 @@ class ZooKeeperLocker(SyncStartedLocker, LockerBase):
             raise
         return batch.finish(self._lease)
 
+    def _claim_ticks(self, names: list[str], fires: list[int]) -> list[bool]:
+        self._connected()
+        claims = TickClaims(self._session, names, fires)
+        while requests := claims.send():
+            deadline = self._session.deadline()
+            for request in requests:
+                sync_settle(request, deadline)
+            claims.interpret()
+        return claims.result()
+
     def _lease(self, node: Node) -> LeaseBase:
         return ZooKeeperLease(self._session, node)
 
@@ -112,7 +123,8 @@ class ZooKeeperLocker(SyncStartedLocker, LockerBase):
             sync_settle(request, deadline)
         return self._session.lock_infos(reads)
 
-    def _watch_released(self, name: str) -> ZooKeeperWatch:
+    def watch_released(self, name: str) -> ZooKeeperWatch:
+        """A watch woken when the name's lock node changes (a holder's node deleted)."""
         session = self._session
         return ZooKeeperWatch(session.watches, session.lock_path(name), session.deadline)
 

@@ -1,43 +1,154 @@
-"""Redis topologies the tests start themselves: a Redis Cluster, and a primary that
-Sentinel watches.
-
-Every process is a private ``redis-server`` (or Debian's ``redis-sentinel``) on a
-free port of the loopback, with its files in the test's own directory; the shared
-server is never touched. Failure detection is tuned down to about a second, so that
-a failover takes seconds, not the production defaults' tens of seconds:
-
-* the cluster's nodes time a node out after :data:`CLUSTER_NODE_TIMEOUT_MS`;
-* the Sentinels call a primary down after :data:`DOWN_AFTER_MS` (quorum 2 of 3).
-"""
+"""Private Redis servers: a ``redis-server`` on a free port that a test may stop, freeze,
+restart (:class:`RedisServer`), and topologies of them -- a Redis Cluster
+(:class:`Cluster`), a primary that Sentinels watch (:class:`Sentinels`)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 import redis
 from redis.crc import key_slot
 
-from multilock.testing import poll, require_backends
+from .._poll import poll
+from . import unavailable
+from .process import ChildServer, free_port
 
-from .conftest import RedisServer, free_port
+__all__ = ["CLUSTER_NODE_TIMEOUT_MS", "DOWN_AFTER_MS", "Cluster", "RedisServer", "Sentinels"]
 
-__all__ = ["CLUSTER_NODE_TIMEOUT_MS", "DOWN_AFTER_MS", "Cluster", "Sentinels", "unavailable"]
+_START_TIMEOUT = 10.0
+
+
+class RedisServer(ChildServer):
+    """A private ``redis-server`` process that a test may stop, freeze and start again.
+
+    With ``tls`` (a :func:`test_ca` directory) it speaks only TLS, presenting
+    ``{cert}.crt``, and with ``auth_clients`` it wants a client certificate.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        password: str | None = None,
+        tls: Path | None = None,
+        cert: str = "server",
+        auth_clients: bool = False,
+        args: tuple[str, ...] = (),
+        host: str = "127.0.0.1",
+        prefix: tuple[str, ...] = (),
+    ) -> None:
+        self.directory = directory
+        self.password = password
+        self.tls = tls
+        self.cert = cert
+        self.auth_clients = auth_clients
+        self.args = args  # more redis-server options (cluster, replication...)
+        self.host = host  # the address it listens on
+        self.prefix = prefix  # what runs it: ("ip", "netns", "exec", name) in a namespace
+        # Unix socket paths are limited to about 100 bytes: keep it short.
+        self.socket_path = Path(tempfile.mkdtemp(prefix="mlr-")) / "redis.sock"
+        # In a namespace of its own every port is free: pick one free on the host's
+        # loopback, so that no two servers of a test share a port.
+        self.port: int = free_port("127.0.0.1" if prefix else host)
+
+    @property
+    def url(self) -> str:
+        """Its ``redis://`` URL."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    def admin(self) -> redis.Redis:
+        """A plain redis-py client for poking at the server from outside."""
+        if self.tls:
+            # Trusts the test CA, whatever name the server's certificate has.
+            return redis.Redis(
+                port=self.port,
+                ssl=True,
+                ssl_ca_certs=str(self.tls / "ca.crt"),
+                ssl_check_hostname=False,
+                ssl_certfile=str(self.tls / "client.crt"),
+                ssl_keyfile=str(self.tls / "client.key"),
+                socket_timeout=5,
+            )
+        return redis.Redis(self.host, self.port, password=self.password, socket_timeout=5)
+
+    def _listen(self) -> list[str]:
+        if not self.tls:
+            return ["--port", str(self.port)]
+        return [
+            *("--port", "0", "--tls-port", str(self.port)),
+            *("--tls-cert-file", str(self.tls / f"{self.cert}.crt")),
+            *("--tls-key-file", str(self.tls / f"{self.cert}.key")),
+            *("--tls-ca-cert-file", str(self.tls / "ca.crt")),
+            *("--tls-auth-clients", "yes" if self.auth_clients else "no"),
+        ]
+
+    def start(self) -> None:
+        """Start it and wait until it answers PING."""
+        executable = shutil.which("redis-server")
+        if executable is None:
+            pytest.skip("redis-server is not installed")
+        self.process = subprocess.Popen(
+            [
+                *self.prefix,
+                executable,
+                *self._listen(),
+                "--bind",
+                self.host,
+                # Off the loopback, only on a test's own veth link: let its peers in.
+                "--protected-mode",
+                "yes" if self.host == "127.0.0.1" else "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                "--unixsocket",
+                str(self.socket_path),
+                "--unixsocketperm",
+                "700",
+                *(["--requirepass", self.password] if self.password else []),
+                *self.args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        poll(f"redis-server on port {self.port} answering", self._answers, _START_TIMEOUT)
+
+    def _answers(self) -> bool:
+        assert self.process is not None
+        try:
+            with self.admin() as client:
+                client.ping()
+        except redis.ConnectionError:
+            if self.process.poll() is None:
+                return False
+            if self.tls:
+                pytest.skip("this redis-server cannot serve TLS")
+            raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+        return True
+
+    def remove(self) -> None:
+        """Stop it and delete its socket directory."""
+        self.stop()
+        shutil.rmtree(self.socket_path.parent, ignore_errors=True)
+
+
+# -- topologies: a Redis Cluster, and a primary that Sentinel watches ----------------
+#
+# Failure detection is tuned down to about a second, so that a failover takes seconds,
+# not the production defaults' tens of seconds: the cluster's nodes time a node out
+# after CLUSTER_NODE_TIMEOUT_MS, the Sentinels call a primary down after DOWN_AFTER_MS
+# (quorum 2 of 3). Every process is a private redis-server (or Debian's redis-sentinel)
+# on a free loopback port, its files in the test's own directory.
 
 CLUSTER_NODE_TIMEOUT_MS = 1000
 DOWN_AFTER_MS = 1000
 SERVICE = "mymaster"
 _READY_WITHIN = 30.0  # seconds for a topology to form on a loaded machine
-
-
-def unavailable(config: pytest.Config, message: str) -> NoReturn:
-    """Skip the test for a missing tool -- or fail it when every backend is required (CI)."""
-    if require_backends(config):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
 def _installed(config: pytest.Config, command: str, package: str) -> str:

@@ -1,8 +1,16 @@
-"""Server URLs for tests: reachable, or skipped -- or failed when backends are required."""
+"""Servers for tests: the shared ones' URLs, reachable or skipped -- or failed when
+backends are required -- and, in the submodules, private servers a test may break.
+
+The submodules (:mod:`.postgres`, :mod:`.zookeeper`, :mod:`.redis`, :mod:`.mysql`,
+:mod:`.etcd`, :mod:`.nats`; :mod:`.process` and :mod:`.checks` for what they share) are
+the repository's test support, not an API: every distribution's tests import them, and
+each imports its server's driver, so nothing imports them but those tests.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import pytest
 
@@ -10,7 +18,7 @@ import multilock
 import multilock.backend
 from multilock.errors import BackendUnavailable, MissingBackend, MultilockError
 
-__all__ = ["require_backends", "server_url"]
+__all__ = ["require_backends", "server_url", "unavailable"]
 
 REQUIRE_ENV = "MULTILOCK_REQUIRE_BACKENDS"
 
@@ -21,6 +29,14 @@ def require_backends(config: pytest.Config) -> bool:
     if config.getoption("multilock_require_backends", default=False):
         return True
     return os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes", "all")
+
+
+def unavailable(config: pytest.Config, message: str) -> NoReturn:
+    """Skip the test for a missing server or tool -- or fail it when backends are
+    required (CI), so that nothing missing passes as a skip."""
+    if require_backends(config):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
 
 
 def server_url(config: pytest.Config, url: str) -> str:
@@ -38,9 +54,9 @@ def server_url(config: pytest.Config, url: str) -> str:
     problem = cache[url]
     if problem is not None:
         message, can_skip = problem
-        if can_skip and not require_backends(config):
-            pytest.skip(message)
-        pytest.fail(message, pytrace=False)
+        if not can_skip:
+            pytest.fail(message, pytrace=False)
+        unavailable(config, message)
     return url
 
 

@@ -447,15 +447,13 @@ class _Checker:
         )
 
     def trying(self, replica: int, job: str, at: float) -> bool:
-        """Whether a try of the replica for the job's lock was in flight at ``at`` (its
-        run is under way from the moment the try is sent)."""
-        latency = self.sc.latency
-        return any(
-            t.owner == f"r{replica}"
-            and t.name == job
-            and t.at - latency - EPS <= at <= t.at + latency + EPS
-            for t in self.world.tries
-        )
+        """Whether a try of the replica for the job's lock, or a claim of one of its
+        ticks, was in flight at ``at`` (its run is under way from the moment the first
+        is sent: with claims, the claim)."""
+        latency, owner = self.sc.latency, f"r{replica}"
+        sent = [(t.owner, t.name, t.at) for t in self.world.tries]
+        sent += [(c.owner, c.name, c.at) for c in self.world.claim_log]
+        return any(o == owner and n == job and abs(at - t) <= latency + EPS for o, n, t in sent)
 
     def releasing(self, replica: int, job: str, at: float) -> bool:
         """Whether the replica held the job's lease at ``at``, or had not yet heard that

@@ -389,6 +389,7 @@ class _Checker:
                 return f"only {late:.6f}s late"
             if "waited" in reason and not (
                 self.running(seen.replica, event.job, when)
+                or self.trying(seen.replica, event.job, when)
                 or self.releasing(seen.replica, event.job, when)
             ):
                 return "waited, but nothing of the job was going on at the tick"

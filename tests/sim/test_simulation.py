@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 import textwrap
+from typing import Literal
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -246,15 +247,22 @@ def test_a_stopping_replicas_last_hold_can_hide_the_next_tick() -> None:
     assert sorted(round(r.fire.timestamp() % 100) for r in history.records) == [0, 1, 3, 4]
 
 
-def test_a_tick_due_while_the_last_one_is_being_claimed_is_an_overlap() -> None:
+@pytest.mark.parametrize("overlap", ["reschedule", "wait"])
+def test_a_tick_due_while_the_last_one_is_being_claimed_overlaps_it(
+    overlap: Literal["reschedule", "wait"],
+) -> None:
     """Claims and locks 10 ms away, three jobs every 70 ms on a replica 90 ms behind:
     the scheduler falls behind, and tick 0.21 comes due while tick 0.14's claim is in
-    flight. ``reschedule`` skips it, rightly: that run is under way from its claim (the
-    check once counted a run from its lock's try only, and called the skip unjustified)."""
+    flight. ``reschedule`` skips it, ``wait`` waits and then misses it, rightly: that
+    run is under way from its claim (the check once counted a run from its lock's try
+    only, and called the skip, and the wait, unjustified)."""
     history = check(
         Scenario(
             replicas=(ReplicaSpec(offset=-0.09),),
-            jobs=tuple(JobSpec(name=f"job-{i}", interval=0.07, timeout=0.05) for i in range(3)),
+            jobs=tuple(
+                JobSpec(name=f"job-{i}", interval=0.07, overlap=overlap, timeout=0.05)
+                for i in range(3)
+            ),
             length=0.5,
             skew_tolerance=0.03,
             misfire_grace=0.001,
@@ -264,8 +272,9 @@ def test_a_tick_due_while_the_last_one_is_being_claimed_is_an_overlap() -> None:
             claims=True,
         )
     )
-    skipped = {s.event.job for s in history.seen if s.event.kind is EventKind.SKIPPED_OVERLAP}
-    assert skipped == {"job-0", "job-1", "job-2"}
+    said = EventKind.SKIPPED_OVERLAP if overlap == "reschedule" else EventKind.MISSED
+    overlapped = {s.event.job for s in history.seen if s.event.kind is said}
+    assert overlapped == {"job-0", "job-1", "job-2"}
 
 
 @settings(SIMULATION, max_examples=max(1, EXAMPLES // 3))

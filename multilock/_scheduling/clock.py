@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Clock", "ManualClock", "SharedTimers", "SystemClock", "call_at"]
+__all__ = ["Cancellable", "Clock", "ManualClock", "SharedTimers", "SystemClock", "call_at"]
 
 K = TypeVar("K")
 
@@ -46,20 +47,36 @@ class SystemClock:
         return f"SystemClock(offset={self.offset!r})"
 
 
-def call_at(clock: Clock, deadline: float, callback: Callable[[], object]) -> Callable[[], object]:
-    """Call ``callback()`` on the running loop once ``clock`` reads ``deadline``; returns
-    a function that cancels it.
+class Cancellable(Protocol):
+    """A timer armed by :func:`call_at`."""
+
+    def cancel(self) -> object:
+        """Do not call it (if not called yet)."""
+
+
+def call_at(
+    clock: Clock,
+    deadline: float,
+    callback: Callable[[], object],
+    context: contextvars.Context | None = None,
+) -> Cancellable:
+    """Call ``callback()`` on the running loop once ``clock`` reads ``deadline`` (in
+    ``context``, else a copy of the current one); returns the timer, to cancel it.
 
     On a :class:`SystemClock` this is a plain loop timer: the scheduler arms one per
     run for the lease hold, and a task sleeping per run costs several times as much.
     Other clocks (a :class:`ManualClock` in tests) get a task awaiting ``sleep_until``.
+    The timer itself is returned, not a function cancelling it: the scheduler arms one
+    at every wake, and each object made there is one more for the garbage collector.
     """
     if isinstance(clock, SystemClock):
         loop = asyncio.get_running_loop()
-        return loop.call_later(max(0.0, deadline - clock.now()), callback).cancel
+        return loop.call_later(max(0.0, deadline - clock.now()), callback, context=context)
     waiting = asyncio.ensure_future(clock.sleep_until(deadline))
-    waiting.add_done_callback(lambda done: None if done.cancelled() else callback())
-    return waiting.cancel
+    waiting.add_done_callback(
+        lambda done: None if done.cancelled() else callback(), context=context
+    )
+    return waiting
 
 
 class SharedTimers(Generic[K]):

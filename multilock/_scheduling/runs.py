@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from .._signal import LostSignal
 from ..abc import AsyncLease
-from .clock import Clock, SharedTimers, call_at
+from .clock import Cancellable, Clock, SharedTimers, call_at
 from .events import EventKind
 from .jobs import Job, RunContext, start_run
 from .run_states import JobState, RunLifecycle, RunState
@@ -142,7 +142,7 @@ class Run:
         self.body: asyncio.Future[Any] | None = body
         self.started = started  # None: a sync body waiting for a worker thread
         self._cut: tuple[EventKind, str] | None = None  # why the run stopped the body
-        self._cancel_timer: Callable[[], object] | None = None  # the job's timeout
+        self._cancel_timer: Cancellable | None = None  # the job's timeout
         self._keepalive: asyncio.Task[None] | None = None
         self._hold_end: float | None = None  # while holding: when the hold ends
 
@@ -174,7 +174,9 @@ class Run:
     def _arm_timeout(self, started: float) -> None:
         if self.job.timeout is not None:
             deadline = started + self.job.timeout
-            self._cancel_timer = call_at(self._host.clock, deadline, self._timed_out)
+            self._cancel_timer = call_at(
+                self._host.clock, deadline, self._timed_out, self._host.context
+            )
 
     def _lost_while_running(self) -> None:
         reason = self.lost.reason if self.lost is not None else None
@@ -201,7 +203,7 @@ class Run:
     def _body_done(self, body: asyncio.Future[Any]) -> None:
         self.body = self.context = None
         if self._cancel_timer is not None:
-            self._cancel_timer()
+            self._cancel_timer.cancel()
             self._cancel_timer = None
         error: BaseException | None = None
         reason: str | None = None
@@ -273,7 +275,7 @@ class Run:
         self.life.finish()
         self._unwatch_lost()
         if self._cancel_timer is not None:  # the timeout of a body abandoned at shutdown
-            self._cancel_timer()
+            self._cancel_timer.cancel()
             self._cancel_timer = None
         if self._keepalive is not None:
             self._keepalive.cancel()

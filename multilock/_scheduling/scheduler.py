@@ -35,7 +35,7 @@ from ..abc import (
 )
 from ..errors import BackendUnavailable, ClaimsUnavailable, ConfigurationError
 from .claims import TickClaims, TickPath, claim_grace
-from .clock import Clock, SharedTimers, SystemClock, call_at
+from .clock import Cancellable, Clock, SharedTimers, SystemClock, call_at
 from .events import EventKind, JobEvent, Listener, emit, log, wanted
 from .jobs import (
     Job,
@@ -299,7 +299,11 @@ class Scheduler(Service):
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: FireQueue[_JobState] = FireQueue()  # the loop's: by next fire time
-        self._armed: tuple[float, Callable[[], object]] | None = None  # its timer: when, cancel
+        # Its timer, and when it is due: two fields, not a pair, and a callback bound
+        # once, so a wake makes no object but the loop's timer handle.
+        self._timer: Cancellable | None = None
+        self._timer_due: float | None = None
+        self._wake = self._on_timer
         self._stopping = False
         self._leadership = (
             Campaign(
@@ -721,19 +725,20 @@ class Scheduler(Service):
     def _arm(self) -> None:
         """Arm the timer for the earliest queued job (if not armed for it already)."""
         deadline = None if self._stopping else self._queue.earliest()
-        if self._armed is not None and self._armed[0] == deadline:
+        if self._timer is not None and self._timer_due == deadline:
             return
         self._disarm()
         if deadline is not None:
-            self._armed = (deadline, call_at(self.clock, deadline, self._on_timer))
+            self._timer_due = deadline
+            self._timer = call_at(self.clock, deadline, self._wake, self._run_host.context)
 
     def _disarm(self) -> None:
-        if self._armed is not None:
-            self._armed[1]()
-            self._armed = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _on_timer(self) -> None:
-        self._armed = None
+        self._timer = None
         try:
             if not self._stopping:
                 self._fire_due()

@@ -92,6 +92,10 @@ class _JobState:
     # See changed(). None while nobody waits: a run notifies two or three times, and a
     # fresh empty list each time was a new object for the garbage collector per notify.
     waiters: list[asyncio.Future[None]] | None = None
+    # Ticks of the job waiting for the previous run (``overlap="wait"``): a tick due
+    # meanwhile queues behind them, so that the job's ticks run in fire order (one
+    # taking the hold of a later tick's run would end that hold early).
+    waiting: int = 0
 
     def claim(self, tick: _Tick) -> None:
         """``tick`` will run, so that no other tick claims the job meanwhile."""
@@ -758,7 +762,12 @@ class Scheduler(Service):
             self._enqueue(state)
             if not fires:
                 continue
-            if len(fires) == 1 and state.ready and now - fires[0].timestamp() <= job.misfire_grace:
+            if (
+                len(fires) == 1
+                and state.ready
+                and not state.waiting
+                and now - fires[0].timestamp() <= job.misfire_grace
+            ):
                 # The common case, without the lists below: one tick, on time, job idle.
                 due = RunLifecycle(job, fires[0], state)
                 if not self._continue_hold(due):
@@ -783,7 +792,7 @@ class Scheduler(Service):
                 if state.running and i == 0 and job.overlap == "reschedule":
                     due.skip()
                     self._emit(EventKind.SKIPPED_OVERLAP, job, fire, reason="still running")
-                elif i > 0 or not state.ready:
+                elif i > 0 or not state.ready or state.waiting:
                     self._spawn(self._after_previous(due))
                 elif not self._continue_hold(due):
                     state.claim(due)  # now: the run starts on a later loop turn
@@ -815,10 +824,15 @@ class Scheduler(Service):
     async def _after_previous(self, due: _Tick) -> None:
         state = due.job_state
         grace = self._grace(due.job, due.fire)
-        while not state.ready:  # the previous run, or its lease release
-            await state.changed()
-            if self.clock.now() - due.fire.timestamp() > grace:
-                break  # missed already: said now, not once the job is free (if ever)
+        state.waiting += 1
+        try:
+            # The previous run, or its lease release; waiters wake in the order they came.
+            while not state.ready:
+                await state.changed()
+                if self.clock.now() - due.fire.timestamp() > grace:
+                    break  # missed already: said now, not once the job is free (if ever)
+        finally:
+            state.waiting -= 1
         late = self.clock.now() - due.fire.timestamp()
         if self._stopping:
             due.abandon()

@@ -34,7 +34,7 @@ from multilock._scheduling.run_states import record_transitions
 
 from .driver import History, simulate
 from .invariants import violations
-from .scenario import Fault, JobSpec, ReplicaSpec, Scenario, scenarios
+from .scenario import T0, Fault, JobSpec, ReplicaSpec, Scenario, scenarios
 
 EXAMPLES = int(os.environ.get("MULTILOCK_SIM_EXAMPLES", "1200"))
 _WALL_SECONDS = 60.0  # one scenario takes well under a second
@@ -283,3 +283,27 @@ def test_with_tick_claims_at_most_once_whatever_the_clocks(scenario: Scenario) -
     """A backend that claims ticks (issue 20): clocks beyond the tolerance too, and
     still no tick twice; every other invariant as with holds, but for the hold."""
     check(scenario)
+
+
+def test_a_waiting_tick_never_takes_over_a_later_ticks_hold() -> None:
+    """``overlap="wait"``, a 0.21 s body every 70 ms: ticks 0.14 and 0.21 wait for the
+    run of tick 0.07, which ends at the instant tick 0.28 comes due. Tick 0.28 once
+    took the hold at once, and tick 0.21, resuming after it, took 0.28's lease over and
+    released it as its own (earlier) hold had ended: tick 0.28's hold cut short. Now a
+    tick due while others of its job wait queues behind them: the ticks run in order."""
+    history = check(
+        Scenario(
+            replicas=(ReplicaSpec(offset=-0.029),),
+            jobs=(
+                JobSpec(name="job-0", interval=0.07, timeout=0.05),
+                JobSpec(name="job-1", interval=0.07, durations=(0.0, 0.21), overlap="wait"),
+            ),
+            length=0.6,
+            skew_tolerance=0.03,
+            misfire_grace=0.07,
+            lease_ttl=0.15,
+            fast=False,
+        )
+    )
+    ran = [round(r.fire.timestamp() - T0, 2) for r in history.records if r.job == "job-1"]
+    assert ran == sorted(ran)

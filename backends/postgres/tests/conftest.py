@@ -107,6 +107,17 @@ def sequence(admin: psycopg.Connection[Any]) -> Iterator[str]:
 
 
 @pytest.fixture
+def other_role(admin: psycopg.Connection[Any]) -> Iterator[str]:
+    """A second login role (no CREATE on public), dropped with what it owns afterwards."""
+    role = f"mlpg_role_{uuid.uuid4().hex[:10]}"
+    admin.execute(f"CREATE ROLE {role} LOGIN")
+    admin.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
+    yield role
+    admin.execute(f"DROP OWNED BY {role} CASCADE")
+    admin.execute(f"DROP ROLE {role}")
+
+
+@pytest.fixture
 def peer_locks(postgres_url: str) -> Iterator[Callable[[str], None]]:
     """``peer_locks(sequence)``: a peer session takes a lock on the sequence that
     ``nextval`` must wait for, and keeps it until the test ends."""

@@ -29,17 +29,6 @@ def table(admin: psycopg.Connection[Any]) -> Iterator[str]:
     admin.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-@pytest.fixture
-def other_role(admin: psycopg.Connection[Any]) -> Iterator[str]:
-    """A second login role (no CREATE on public), dropped with what it owns afterwards."""
-    role = f"mlpg_role_{uuid.uuid4().hex[:10]}"
-    admin.execute(f"CREATE ROLE {role} LOGIN")
-    admin.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
-    yield role
-    admin.execute(f"DROP OWNED BY {role} CASCADE")
-    admin.execute(f"DROP ROLE {role}")
-
-
 def _connect(url: str) -> PostgresLocker:
     locker = multilock.connect(url)
     assert isinstance(locker, PostgresLocker)

@@ -129,17 +129,6 @@ def test_a_sequence_with_a_cache_is_refused(
         locker.try_acquire("x")
 
 
-@pytest.fixture
-def other_role(admin: psycopg.Connection[Any]) -> Iterator[str]:
-    """A second login role (no CREATE on public), dropped with what it owns afterwards."""
-    role = f"mlpg_role_{uuid.uuid4().hex[:10]}"
-    admin.execute(f"CREATE ROLE {role} LOGIN")
-    admin.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
-    yield role
-    admin.execute(f"DROP OWNED BY {role} CASCADE")
-    admin.execute(f"DROP ROLE {role}")
-
-
 def _as_role(postgres_url: str, role: str, **options: str) -> str:
     host_part = postgres_url.split("@", 1)[1]
     query = "&".join(f"{key}={value}" for key, value in options.items())

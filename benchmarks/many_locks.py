@@ -13,7 +13,8 @@ client library itself: the keys as one ``bigint[]`` through ``unnest`` to
 acquisition is timed (releases are not). Each size is measured a few times, the
 variants alternating, and the median kept; the figures are also given in
 round-trip times (``SELECT 1``, ``PING``), the target being 1,000 and 10,000
-locks in under 10, and multilock's client CPU per name is reported.
+locks in under 10, and multilock's client CPU per name is reported, and the
+server's own part of the raw batch (its execution, as the server measures it).
 
 The names are the same N in every repetition, released in between, and both
 sides have seen them before the timing starts: a scheduler's due jobs recur
@@ -80,6 +81,11 @@ class Row:
     fresh_ms: float
     cpu_us_per_name: float
     batch_ms: float
+    server_ms: float
+    """The server's own work in the raw batch: the statement's execution on
+    PostgreSQL, the time Redis spent executing its ``SET`` commands (``INFO
+    commandstats``: reading and writing the protocol not counted), a floor no client
+    can go under."""
 
     @property
     def ours_rtts(self) -> float:
@@ -130,21 +136,34 @@ class _Raw:
             for key in keys:
                 self.redis.set(key, self.token, nx=True, px=TTL_MS)
 
-    def acquire_batch(self, keys: list[Any]) -> None:
+    def acquire_batch(self, keys: list[Any]) -> float:
         """All ``keys`` in one round trip, as a user would write it: the keys as one
         ``bigint[]`` through ``unnest`` to ``pg_try_advisory_lock``, or a pipeline of
-        ``SET NX PX`` (the floor the client library itself sets)."""
+        ``SET NX PX`` (the floor the client library itself sets). Returns the server's
+        own milliseconds of it: the statement's, from its start to its result
+        (``clock_timestamp()`` after the aggregate), or Redis's time in ``SET``."""
         if self.pg is not None:
-            self.pg.execute(
-                "SELECT array_agg(k) FROM unnest(%s::bigint[]) AS k WHERE pg_try_advisory_lock(k)",
+            row = self.pg.execute(
+                "SELECT array_agg(k),"
+                " extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000"
+                " FROM unnest(%s::bigint[]) AS k WHERE pg_try_advisory_lock(k)",
                 (keys,),
             ).fetchone()
-        else:
-            assert self.redis is not None
-            pipe = self.redis.pipeline(transaction=False)
-            for key in keys:
-                pipe.set(key, self.token, nx=True, px=TTL_MS)
-            pipe.execute()
+            assert row is not None
+            return float(row[1])
+        assert self.redis is not None
+        before = self._set_usec()
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.set(key, self.token, nx=True, px=TTL_MS)
+        pipe.execute()
+        return (self._set_usec() - before) / 1000
+
+    def _set_usec(self) -> int:
+        """Microseconds Redis has spent in ``SET`` since its statistics were reset."""
+        assert self.redis is not None
+        stats: dict[str, Any] = self.redis.info("commandstats")
+        return int(stats.get("cmdstat_set", {}).get("usec", 0))
 
     def undo(self, keys: list[Any]) -> None:
         """Free what :meth:`acquire` took (not timed)."""
@@ -192,23 +211,27 @@ def _take(
 
 def _size(
     locker: multilock.DistributedLock, raw: _Raw, n: int, repeats: int
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, float, float, float, float, float]:
     """Median milliseconds to take ``n`` names: multilock's, raw's one at a time and
     raw's in one batch, on the same names each repetition, seen before; multilock's on
-    fresh names; multilock's median client CPU per seen name in microseconds."""
+    fresh names; multilock's median client CPU per seen name in microseconds; the
+    server's own milliseconds of the raw batch."""
     names = [f"bench-many-{uuid.uuid4().hex[:8]}-{i}" for i in range(n)]
     keys = raw.keys(names)
     _take(locker, names)  # the locker sees the names (and caches their keys)
     ours: list[float] = []
     raws: list[float] = []
     batches: list[float] = []
+    server: list[float] = []
     cpu: list[float] = []
     for _ in range(repeats):
         ours.append(_take(locker, names, cpu))
         if n <= IN_A_ROW_MAX:
             raws.append(_ms(lambda: raw.acquire(keys)))
             raw.undo(keys)
-        batches.append(_ms(lambda: raw.acquire_batch(keys)))
+        started = time.perf_counter()
+        server.append(raw.acquire_batch(keys))
+        batches.append((time.perf_counter() - started) * 1000)
         raw.undo(keys)
     # After the seen names, not between: fresh names would push them out of the
     # locker's bounded key cache.
@@ -224,6 +247,7 @@ def _size(
         statistics.median(fresh),
         per_name,
         statistics.median(batches),
+        statistics.median(server),
     )
 
 
@@ -237,8 +261,8 @@ def measure(urls: dict[str, str], sizes: tuple[int, ...], repeats: int) -> list[
             with multilock.connect(url) as locker:
                 _size(locker, raw, 1, 3)  # warm-up: first queries, prepared statements
                 for n in sizes:
-                    ours, raw_ms, fresh, per_name, batch = _size(locker, raw, n, repeats)
-                    row = Row(backend, n, ours, raw_ms, rtt, fresh, per_name, batch)
+                    ours, raw_ms, fresh, per_name, batch, server = _size(locker, raw, n, repeats)
+                    row = Row(backend, n, ours, raw_ms, rtt, fresh, per_name, batch, server)
                     rows.append(row)
                     print(
                         f"  {backend:<10} N={n:<5} multilock {row.ours_ms:8.2f} ms"
@@ -246,6 +270,7 @@ def measure(urls: dict[str, str], sizes: tuple[int, ...], repeats: int) -> list[
                         f"   raw {row.raw_ms:8.2f} ms ({row.raw_ms / rtt:7.1f} RTT)"
                         f"   raw/multilock {row.raw_ms / row.ours_ms:6.1f}x"
                         f"   raw batch {row.batch_ms:8.2f} ms"
+                        f" (server {row.server_ms:6.2f} ms, {row.server_ms / rtt:5.1f} RTT)"
                         f"   CPU {row.cpu_us_per_name:5.1f} µs/name",
                         flush=True,
                     )

@@ -175,12 +175,15 @@ class RunLifecycle(Generic[S]):
     process) and the one owner of its :class:`RunState`: each transition is a method,
     named after the state it moves to, and raises :class:`IllegalTransition` where the
     table forbids it. ``run`` is the :class:`~multilock._scheduling.runs.Run` watching
-    its body, from the body's start until the life is over (``finish`` drops it)."""
+    its body, from the body's start until the life is over (``finish`` drops it).
+    ``at`` is ``fire`` in seconds since the epoch (given, or computed once: a run reads
+    it several times, and ``datetime.timestamp()`` is not free)."""
 
-    __slots__ = ("fire", "job", "job_state", "run", "state")
+    __slots__ = ("at", "fire", "job", "job_state", "run", "state")
 
-    def __init__(self, job: Job, fire: datetime, job_state: S) -> None:
+    def __init__(self, job: Job, fire: datetime, job_state: S, at: float | None = None) -> None:
         self.job, self.fire, self.job_state = job, fire, job_state
+        self.at = fire.timestamp() if at is None else at
         self.state = RunState.DUE
         self.run: Run | None = None
 

@@ -167,7 +167,7 @@ class Run:
         if self.body is None or self.started is not None:
             return
         self.started = at
-        self._host.emit(EventKind.STARTED, self.job, self.fire, delay=at - self.fire.timestamp())
+        self._host.emit(EventKind.STARTED, self.job, self.fire, delay=at - self.life.at)
         if self._cut is None:
             self._arm_timeout(at)
 

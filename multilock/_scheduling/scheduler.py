@@ -85,6 +85,9 @@ class _JobState:
 
     job: Job
     next_fire: datetime | None = None
+    # ``next_fire`` in seconds since the epoch (infinity for none): what the queue and
+    # the due check compare, computed once per fire time. Set both with advance().
+    next_at: float = math.inf
     current: _Tick | None = None  # claimed, not yet settled: the job is busy
     # The last fire popped, whose next is ``next_fire``: saves a call. A fire alone, not
     # the pair: a tuple per run would be one more object for the garbage collector.
@@ -96,6 +99,11 @@ class _JobState:
     # meanwhile queues behind them, so that the job's ticks run in fire order (one
     # taking the hold of a later tick's run would end that hold early).
     waiting: int = 0
+
+    def advance(self, fire: datetime | None) -> None:
+        """The job's next fire time is ``fire`` (``None``: it fires no more)."""
+        self.next_fire = fire
+        self.next_at = math.inf if fire is None else fire.timestamp()
 
     def claim(self, tick: _Tick) -> None:
         """``tick`` will run, so that no other tick claims the job meanwhile."""
@@ -710,7 +718,8 @@ class Scheduler(Service):
         # replica took it; earlier ones are not this replica's to report as missed.
         lookback = min(state.job.misfire_grace, self.skew_tolerance)
         since = self._now() - timedelta(seconds=lookback)
-        state.next_fire, state.successor = state.job.next_fire(since), None
+        state.advance(state.job.next_fire(since))
+        state.successor = None
         self._enqueue(state)
         state.settle()
         self._arm()
@@ -719,7 +728,7 @@ class Scheduler(Service):
         if state.next_fire is None:
             self._queue.discard(state.job.name)
         else:
-            self._queue.put(state.job.name, state.next_fire.timestamp(), state)
+            self._queue.put(state.job.name, state.next_at, state)
 
     # The scheduler is driven by one loop timer, armed for the earliest queued job, whose
     # callback starts what is due: no task wakes up for it, so a job costs no loop turns
@@ -758,6 +767,7 @@ class Scheduler(Service):
             job = state.job
             if self._states.get(job.name) is not state:
                 continue  # removed since it was queued
+            first_at = state.next_at
             fires = self._pop_due(state, now)
             self._enqueue(state)
             if not fires:
@@ -766,10 +776,10 @@ class Scheduler(Service):
                 len(fires) == 1
                 and state.ready
                 and not state.waiting
-                and now - fires[0].timestamp() <= job.misfire_grace
+                and now - first_at <= job.misfire_grace
             ):
                 # The common case, without the lists below: one tick, on time, job idle.
-                due = RunLifecycle(job, fires[0], state)
+                due = RunLifecycle(job, fires[0], state, first_at)
                 if not self._continue_hold(due):
                     state.claim(due)
                     batch.append(due)
@@ -811,13 +821,13 @@ class Scheduler(Service):
 
     def _pop_due(self, state: _JobState, now: float) -> list[datetime]:
         fires: list[datetime] = []
-        while state.next_fire is not None and state.next_fire.timestamp() <= now:
+        while state.next_fire is not None and state.next_at <= now:
             fires.append(state.next_fire)
             if len(fires) >= _MAX_CATCH_UP:
-                state.next_fire = state.job.next_fire(datetime.fromtimestamp(now, UTC))
+                state.advance(state.job.next_fire(datetime.fromtimestamp(now, UTC)))
                 state.successor = None
                 break
-            state.next_fire = state.job.next_fire(state.next_fire)
+            state.advance(state.job.next_fire(state.next_fire))
             state.successor = fires[-1]
         return fires
 
@@ -829,11 +839,11 @@ class Scheduler(Service):
             # The previous run, or its lease release; waiters wake in the order they came.
             while not state.ready:
                 await state.changed()
-                if self.clock.now() - due.fire.timestamp() > grace:
+                if self.clock.now() - due.at > grace:
                     break  # missed already: said now, not once the job is free (if ever)
         finally:
             state.waiting -= 1
-        late = self.clock.now() - due.fire.timestamp()
+        late = self.clock.now() - due.at
         if self._stopping:
             due.abandon()
             return
@@ -856,7 +866,7 @@ class Scheduler(Service):
             for due in shared:
                 if leader is None or not leader.held:
                     self._skip_held(due, "not the leader")
-                elif due.fire.timestamp() < self._leadership.since + 2 * self.skew_tolerance:
+                elif due.at < self._leadership.since + 2 * self.skew_tolerance:
                     self._skip_held(due, "leadership too recent to rule out a late predecessor")
                 else:
                     runs.append((due, None, leader.lost, leader.fencing_token))
@@ -874,9 +884,7 @@ class Scheduler(Service):
             self._claim_then_lock(shared)
             return
         now = self.clock.now()
-        hold = max(
-            due.fire.timestamp() + hold_span(due.job, self.skew_tolerance) - now for due in shared
-        )
+        hold = max(due.at + hold_span(due.job, self.skew_tolerance) - now for due in shared)
         names, ttl = [due.job.name for due in shared], max(hold, 0.0) + self.lease_ttl
         start = self._start_acquire
         try:
@@ -1007,9 +1015,7 @@ class Scheduler(Service):
                 due.abandon()
             elif lease is None:
                 self._skip_held(due, "another replica holds it")
-            elif (
-                late := now - due.fire.timestamp()
-            ) > due.job.misfire_grace and not self._claiming(due.job):
+            elif (late := now - due.at) > due.job.misfire_grace and not self._claiming(due.job):
                 # Granted past the grace (a slow answer, a connection coming back): the
                 # hold of a replica that won the tick in time covers tries up to the
                 # grace, no later, so it may have run and released it already. (A
@@ -1043,7 +1049,7 @@ class Scheduler(Service):
                 continue
             now = self.clock.now()
             if report:
-                self._emit(EventKind.STARTED, due.job, due.fire, delay=now - due.fire.timestamp())
+                self._emit(EventKind.STARTED, due.job, due.fire, delay=now - due.at)
             begun.append((run, begin(due.job, run), now, None))
         extend = needs_keep_alive(self._locker)
         for (due, lease, lost, _), (run, body, started, starting) in zip(runs, begun, strict=True):

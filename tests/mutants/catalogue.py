@@ -231,8 +231,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         _SCHEDULER,
         (
             (
-                "elif due.fire.timestamp() < self._leadership.since + 2 * self.skew_tolerance:",
-                "elif due.fire.timestamp() < self._leadership.since:",
+                "elif due.at < self._leadership.since + 2 * self.skew_tolerance:",
+                "elif due.at < self._leadership.since:",
             ),
         ),
     ),

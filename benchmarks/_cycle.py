@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -319,9 +320,52 @@ def main(
     parser.add_argument(
         "--cpu", action="store_true", help="time the process's CPU, not the wall clock"
     )
+    parser.add_argument(
+        "--pin",
+        metavar="PID[,PID...]",
+        help="run this process on the first CPU and the server's processes (every thread;"
+        " processes they start later inherit it) on the last, restored at the end",
+    )
     args = parser.parse_args()
     if args.cpu:
         CLOCK[0] = time.process_time_ns
+    with pinned(args.pin):
+        return _run(url, run, args, quick, full)
+
+
+@contextmanager
+def pinned(pids: str | None) -> Iterator[None]:
+    """This process on the first CPU, the threads of ``pids`` (comma-separated) on the
+    last, while inside; their affinities restored after. On a small host the CPU clock of
+    a cycle otherwise depends on where the kernel happens to run each connection's
+    server process (docs/benchmarks.md, "The CPU clock of a cycle is bimodal")."""
+    if not pids:
+        yield
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    first, last = cpus[0], cpus[-1]
+    saved: dict[int, set[int]] = {0: os.sched_getaffinity(0)}
+    try:
+        os.sched_setaffinity(0, {first})
+        for pid in pids.split(","):
+            for tid in os.listdir(f"/proc/{int(pid)}/task"):
+                saved[int(tid)] = os.sched_getaffinity(int(tid))
+                os.sched_setaffinity(int(tid), {last})
+        print(f"pinned: this process on CPU {first}, the server's ({pids}) on CPU {last}")
+        yield
+    finally:
+        for tid, affinity in saved.items():
+            with suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(tid, affinity)
+
+
+def _run(
+    url: str,
+    run: Callable[[str, int, int], object],
+    args: argparse.Namespace,
+    quick: tuple[int, int],
+    full: tuple[int, int],
+) -> int:
     default_rounds, default_per_round = quick if args.quick else full
     rounds = args.rounds or default_rounds
     per_round = args.per_round or default_per_round

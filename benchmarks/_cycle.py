@@ -348,9 +348,9 @@ def pinned(pids: str | None) -> Iterator[None]:
     try:
         os.sched_setaffinity(0, {first})
         for pid in pids.split(","):
-            for tid in os.listdir(f"/proc/{int(pid)}/task"):
-                saved[int(tid)] = os.sched_getaffinity(int(tid))
-                os.sched_setaffinity(int(tid), {last})
+            for thread in os.listdir(f"/proc/{int(pid)}/task"):
+                saved[int(thread)] = os.sched_getaffinity(int(thread))
+                os.sched_setaffinity(int(thread), {last})
         print(f"pinned: this process on CPU {first}, the server's ({pids}) on CPU {last}")
         yield
     finally:

@@ -372,10 +372,9 @@ class AsyncStartedLocker:
             done: Outcome[bool] = Outcome(loop=asyncio.get_running_loop())
             done.set_result(False)  # lost with its session: nothing to free
             return done
-        what = f"key {lease.key} of {lease.name!r}"
 
         def answer(result: pq.abc.PGresult) -> bool:
-            return locker._unlocked([lease], [(result.get_value(0, 0) == b"\x01",)], what) == 1
+            return locker._unlocked([lease], [(result.get_value(0, 0) == b"\x01",)]) == 1
 
         async def recover(error: psycopg.Error) -> bool:
             return await locker._unlock_all([lease], error) == 1

@@ -300,26 +300,26 @@ class PostgresLocker(SyncStartedLocker, LockerBase):
                         _sql.UNLOCK_MANY,
                         (_sql.bigint_array([lease.key for lease in held]),),
                     )
-                what = f"key {held[0].key} of {held[0].name!r}" if one else f"{len(held)} keys"
                 try:
                     rows = self._ask(query, params, lost, "release", reconnect=False, failed=failed)
                 except MultilockError as exc:
                     # A dead session took the locks with it. A live one that failed to
                     # answer keeps the keys tracked, to be unlocked on close.
-                    _log.warning("releasing advisory %s: %s", what, exc)
+                    _log.warning("releasing advisory %s: %s", _keys_shown(held), exc)
                     return 0
-                return self._unlocked(held, rows, what)
+                return self._unlocked(held, rows)
         finally:
             _fire(lost)
 
-    def _unlocked(self, held: list[PostgresLease], rows: list[Any], what: str) -> int:
+    def _unlocked(self, held: list[PostgresLease], rows: list[Any]) -> int:
         """Forget ``held``, which the unlock statement answered with ``rows``; how many
         the server freed."""
         for lease in held:
             del self._held[lease.key]
         freed = sum(1 for (done,) in rows if done)
         if freed != len(held):
-            _log.error("advisory %s: %d not held by the session", what, len(held) - freed)
+            missing = len(held) - freed
+            _log.error("advisory %s: %d not held by the session", _keys_shown(held), missing)
         return freed
 
     # -- health -------------------------------------------------------------------------
@@ -698,6 +698,13 @@ def _signed64(value: int) -> int:
 def _holder(pid: int, app: str | None, addr: str | None) -> str:
     where = f" from {addr}" if addr else ""
     return f"pid {pid} {app!r}{where}" if app else f"pid {pid}{where}"
+
+
+def _keys_shown(held: list[PostgresLease]) -> str:
+    """The keys of ``held`` for a log line (made only when one is written)."""
+    if len(held) == 1:
+        return f"key {held[0].key} of {held[0].name!r}"
+    return f"{len(held)} keys"
 
 
 def _fire(lost: _Lost) -> None:

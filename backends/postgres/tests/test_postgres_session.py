@@ -122,6 +122,34 @@ def test_suspect_keys_are_unlocked_before_the_next_query(
         assert [holders(key) for key in keys] == [[], []]
 
 
+def test_a_release_the_server_did_not_hold_is_logged_with_its_key(
+    make_url: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    name, other = _names(2)
+    with multilock.connect(make_url()) as locker:
+        assert isinstance(locker, PostgresLocker)
+        lease = locker.try_acquire(name)
+        assert lease is not None
+        # Unlocked behind the locker's back, holding the session as its round trips do.
+        with locker._holding:
+            assert locker._cursor is not None
+            locker._cursor.execute("SELECT pg_advisory_unlock(%s)", [advisory_key(name)])
+        with caplog.at_level("ERROR", logger="multilock.postgres"):
+            assert lease.release() is False
+        line = f"advisory key {advisory_key(name)} of {name!r}: 1 not held by the session"
+        assert [record.getMessage() for record in caplog.records] == [line]
+        caplog.clear()
+        leases = locker.try_acquire_many([name, other])
+        with locker._holding:
+            assert locker._cursor is not None
+            locker._cursor.execute("SELECT pg_advisory_unlock_all()")
+        with caplog.at_level("ERROR", logger="multilock.postgres"):
+            locker.release_many([lease for lease in leases.values() if lease is not None])
+        assert [record.getMessage() for record in caplog.records] == [
+            "advisory 2 keys: 2 not held by the session"
+        ]
+
+
 @pytest.mark.parametrize("fencing", [False, True])
 def test_batch_takes_each_granted_key_once(
     make_url: Callable[..., str], holders: Callable[[int], list[int]], fencing: bool

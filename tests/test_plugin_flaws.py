@@ -113,9 +113,16 @@ def test_blind_delete_fails_stale_holder_check(pytester: pytest.Pytester) -> Non
 def test_acquire_without_undo_fails_in_flight_cancellation_check(
     pytester: pytest.Pytester,
 ) -> None:
-    """An async acquire that drops a lease granted while it was being cancelled: caught."""
+    """An async acquire that drops a lease granted while it was being cancelled: caught
+    by the in-flight check every time. The cancelled waiting acquire, whose polls are
+    such acquires, may catch it too, when a cancel lands in a poll's grant (a matter of
+    timing); no other check may fail."""
     failed, _ = _failed(pytester, "leaky://x", "-k", "cancel")
-    assert failed == {"test_cancelled_acquire_leaks_nothing[async]"}
+    assert "test_cancelled_acquire_leaks_nothing[async]" in failed
+    assert failed <= {
+        "test_cancelled_acquire_leaks_nothing[async]",
+        "test_acquire_cancelled_leaves_nothing[async]",
+    }
 
 
 def test_declared_promise_without_hooks_fails(pytester: pytest.Pytester) -> None:

@@ -92,6 +92,25 @@ def test_the_tick_is_the_minute_the_command_was_started_in(file_url: str) -> Non
     assert out.strip() == iso(before - before % 60)
 
 
+@pytest.mark.parametrize("into_the_second", [0.0001, 0.004, 0.0099, 0.5])
+def test_a_start_just_after_the_tick_is_for_that_tick(into_the_second: float) -> None:
+    """The kernel gives a process's start in whole clock ticks, rounded down: a command
+    cron starts a few milliseconds into 03:00:00 is still for 03:00:00, never for the
+    second (or minute) before, which a replica would then hold for the wrong tick."""
+    from multilock._cli._once import started_at
+    from multilock._scheduling.ticks import tick_of
+
+    boot, per_second = 1_800_000_000.0, 100  # the wall-clock time of the boot
+    start = 1_800_003_600.0 + into_the_second  # a whole minute, and a little
+    ticks = math.floor((start - boot) * per_second)  # what /proc/self/stat says
+    for age in (0.0, 0.002, 1.5):  # how long after its start the process reads it
+        now = start + age
+        seen = started_at(ticks, per_second, now - boot, now)
+        assert start <= seen <= start + 1 / per_second
+        assert tick_of(seen, "second") == tick_of(start, "second")
+        assert tick_of(seen, "minute") == tick_of(start, "minute")
+
+
 def test_a_command_ended_by_a_signal_exits_128_plus_it(file_url: str) -> None:
     proc = once(file_url, "--name", name(), *now(), "--", "sh", "-c", "kill -KILL $$")
     assert finish(proc)[0] == 128 + signal.SIGKILL

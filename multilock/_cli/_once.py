@@ -153,10 +153,23 @@ def process_started() -> float:
         with open("/proc/self/stat", "rb") as stat:
             line = stat.read()
         ticks = int(line[line.rindex(b")") + 2 :].split()[19])  # field 22, starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        per_second = os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time()
-    return time.time() - max(0.0, age)
+    return started_at(ticks, per_second, since_boot, time.time())
+
+
+def started_at(ticks: int, per_second: int, since_boot: float, now: float) -> float:
+    """The wall-clock time a process started ``ticks`` clock ticks (``per_second`` a
+    second) after boot, seen at ``now`` (``since_boot`` seconds after boot).
+
+    The kernel counts whole ticks, rounded down (10 ms at 100 a second): taken as it is,
+    a command cron started a few milliseconds into 03:00 could read as started at
+    02:59:59.99, and run for the tick before. The end of its tick is taken instead --
+    never before the true start, at most one tick after it, never after ``now``."""
+    age = since_boot - (ticks + 1) / per_second
+    return now - max(0.0, age)
 
 
 class _Once:

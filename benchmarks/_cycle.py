@@ -338,7 +338,8 @@ def pinned(pids: str | None) -> Iterator[None]:
     """This process on the first CPU, the threads of ``pids`` (comma-separated) on the
     last, while inside; their affinities restored after. On a small host the CPU clock of
     a cycle otherwise depends on where the kernel happens to run each connection's
-    server process (docs/benchmarks.md, "The CPU clock of a cycle is bimodal")."""
+    server process (docs/benchmarks.md, "Intel Xeon host, second machine": the CPU clock
+    of a sync PostgreSQL cycle is bimodal)."""
     if not pids:
         yield
         return

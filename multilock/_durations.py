@@ -39,6 +39,8 @@ def parse_duration(
     Anything else raises :class:`~multilock.errors.ConfigurationError` naming
     ``what`` and the bad value.
     """
+    if type(value) is float and 0.0 < value < math.inf and value <= maximum:
+        return value  # the common case (a ttl the scheduler computed), asked per tick
     seconds: float
     if isinstance(value, bool):
         raise ConfigurationError(f"invalid {what}: {value!r} is a boolean, not a duration")

@@ -448,6 +448,9 @@ def test_closed_locker_refuses(table: _Table) -> None:
         pass
     with pytest.raises(MultilockError, match="is closed"):
         locker.try_acquire("a")
+    with pytest.raises(MultilockError, match="is closed"):
+        locker.try_acquire_many(["a", "b"])  # a batch's names are checked together
+    assert locker.try_acquire_many([]) == {}
     assert "closed" in repr(locker)
 
 

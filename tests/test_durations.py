@@ -85,3 +85,7 @@ def test_the_maximum_is_inclusive_and_can_be_lowered() -> None:
     assert parse_duration("2s", maximum=2.0) == 2.0
     with pytest.raises(ConfigurationError, match=r"invalid timeout: '2\.5s' .* maximum of 2 s"):
         parse_duration("2.5s", what="timeout", maximum=2.0)
+    # A float takes a path of its own (the scheduler's computed ttls): the same bounds.
+    assert parse_duration(2.0, maximum=2.0) == 2.0
+    with pytest.raises(ConfigurationError, match="maximum of 2 s"):
+        parse_duration(2.000001, what="ttl", maximum=2.0)

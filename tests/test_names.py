@@ -63,6 +63,17 @@ def test_a_name_at_the_maximum_is_taken(memory_url: str, file_url: str, postgres
             lease.release()
 
 
+def test_an_ascii_name_counts_one_byte_a_character() -> None:
+    # ASCII names take a path of their own (no encoding): the bound is the same.
+    with multilock.connect("memory://names-ascii") as locker:
+        lease = locker.try_acquire("a" * MAX_NAME_BYTES)
+        assert lease is not None
+        lease.release()
+        message = _refused(lambda: locker.try_acquire_many(["b", "a" * (MAX_NAME_BYTES + 1)]))
+        assert locker.try_acquire_many(["b"])["b"] is not None  # nothing left held
+    assert f"lock name of {MAX_NAME_BYTES + 1} bytes is too long" in message
+
+
 def test_a_huge_name_is_refused_at_once_and_its_error_stays_one_short_line() -> None:
     huge = "n" * (1 << 20) + "\ud800"  # 1 MiB, and not valid Unicode either
     with multilock.connect("memory://names") as locker:

@@ -23,6 +23,7 @@ hooks (``try_acquire_many_started``, ``release_started``, ``release_many``,
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import os
@@ -243,20 +244,34 @@ def check_name(name: object, limit: int | None = None, scheme: str = "") -> str:
     if not isinstance(name, str):
         raise InvalidLockName(f"a lock name must be a str, not {type(name).__name__}")
     limit = MAX_NAME_BYTES if limit is None else min(limit, MAX_NAME_BYTES)
-    # Counted without encoding where the length alone proves it short (4 bytes a
-    # character at most): the hot path pays for one encode, the validity check below.
-    if len(name) * 4 > limit:
-        size = len(name.encode("utf-8", "surrogatepass"))
+    # An ASCII string (a flag of the string, read without encoding) is valid UTF-8 of one
+    # byte a character; any other is counted without encoding where the length alone
+    # proves it short (4 bytes a character at most).
+    one_byte = name.isascii()
+    if len(name) * (1 if one_byte else 4) > limit:
+        size = len(name) if one_byte else len(name.encode("utf-8", "surrogatepass"))
         if size > limit:
             where = f" for {scheme}://" if scheme else ""
             raise InvalidLockName(
                 f"lock name of {size} bytes is too long{where} (at most {limit} UTF-8 bytes)"
             )
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidLockName(f"lock name {_shown(name)} is not valid Unicode text") from None
+    if not one_byte:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidLockName(f"lock name {_shown(name)} is not valid Unicode text") from None
     return name
+
+
+def _settle_claims(
+    claimed: asyncio.Future[Mapping[str, bool]], names: list[str], done: asyncio.Future[list[bool]]
+) -> None:
+    """Settle ``claimed`` with what the started claims of ``names`` ended in."""
+    error = done.exception()
+    if error is not None:
+        claimed.set_exception(error)
+    else:
+        claimed.set_result(dict(zip(names, done.result(), strict=True)))
 
 
 def _shown(name: str) -> str:
@@ -420,9 +435,12 @@ class _LockerCommon:
         """Whether ``close()`` was called."""
         return self._closed
 
-    def _check(self, name: object) -> str:
+    def _check_open(self) -> None:
         if self._closed:
             raise MultilockError(f"{self!r} is closed")
+
+    def _check(self, name: object) -> str:
+        self._check_open()
         return check_name(name, self.max_name_length, self._url.scheme)
 
     def _ttl(self, ttl: Duration | None) -> float:
@@ -432,8 +450,12 @@ class _LockerCommon:
         return parse_duration(ttl, what="ttl", maximum=self.max_ttl)
 
     def _names(self, names: Iterable[str]) -> list[str]:
-        checked = [self._check(name) for name in names]
-        if len(set(checked)) != len(checked):
+        # _check()'s checks, its lookups made once per batch: asked per tick by the scheduler
+        limit, scheme = self.max_name_length, self._url.scheme
+        checked = [check_name(name, limit, scheme) for name in names]
+        if checked:
+            self._check_open()
+        if len(checked) > 1 and len(set(checked)) != len(checked):
             raise InvalidLockName("try_acquire_many was given the same name twice")
         return checked
 
@@ -703,18 +725,10 @@ class AsyncLockerBase(_LockerCommon):
         if started is None:
             return None
         claimed: Outcome[Mapping[str, bool]] = Outcome(loop=started.get_loop())
-
-        def settle(done: asyncio.Future[list[bool]]) -> None:
-            error = done.exception()
-            if error is not None:
-                claimed.set_exception(error)
-            else:
-                claimed.set_result(dict(zip(names, done.result(), strict=True)))
-
-        if started.done():
-            settle(started)  # no loop turn for an answer already there
+        if started.done():  # no loop turn (nor a callback made) for an answer already there
+            _settle_claims(claimed, names, started)
         else:
-            started.add_done_callback(settle)
+            started.add_done_callback(functools.partial(_settle_claims, claimed, names))
         return claimed
 
     # async-only

@@ -55,18 +55,16 @@ class TickClaims:
         """``"claim"`` or ``"hold"``."""
         return "claim" if self.active else "hold"
 
-    def started(
-        self, ticks: list[tuple[str, datetime]]
-    ) -> asyncio.Future[Mapping[str, bool]] | None:
+    def started(self, ticks: dict[str, datetime]) -> asyncio.Future[Mapping[str, bool]] | None:
         """:meth:`claim` started now, without a task, where the locker can
         (:class:`~multilock.abc.SupportsClaimTicksStarted`); else ``None``, nothing done."""
         start = self._start
-        return None if start is None else start(dict(ticks))
+        return None if start is None else start(ticks)
 
-    async def claim(self, ticks: list[tuple[str, datetime]]) -> Mapping[str, bool]:
-        """Claim each (job, fire time), in one call: whether each was won."""
+    async def claim(self, ticks: dict[str, datetime]) -> Mapping[str, bool]:
+        """Claim each job's tick (name to fire time), in one call: whether each was won."""
         claim_ticks = self._locker.claim_ticks  # type: ignore[attr-defined]
-        won: Mapping[str, bool] = await claim_ticks(dict(ticks))
+        won: Mapping[str, bool] = await claim_ticks(ticks)
         return won
 
     def refuse(self, error: ClaimsUnavailable) -> None:

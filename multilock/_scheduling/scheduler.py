@@ -687,6 +687,7 @@ class Scheduler(Service):
             locker.release_many if isinstance(locker, SupportsAsyncReleaseMany) else None
         )
         self._claims = TickClaims(locker, self.tick_claims)
+        self._keep_alive = needs_keep_alive(locker)
 
     def _make_locker(self) -> AsyncDistributedLock:
         source = self._source
@@ -923,7 +924,7 @@ class Scheduler(Service):
         """Claim the ticks of ``shared`` (one round trip); lock and run those won, skip
         those another replica claimed: at once when the backend answers at once
         (memory://), else in a task."""
-        ticks = [(due.job.name, due.fire) for due in shared]
+        ticks = {due.job.name: due.fire for due in shared}
         try:
             started = self._claims.started(ticks)
         except Exception as exc:
@@ -941,7 +942,7 @@ class Scheduler(Service):
     async def _await_claims(
         self,
         shared: list[_Tick],
-        ticks: list[tuple[str, datetime]],
+        ticks: dict[str, datetime],
         started: asyncio.Future[Mapping[str, bool]] | None,
     ) -> None:
         try:
@@ -1051,7 +1052,7 @@ class Scheduler(Service):
             if report:
                 self._emit(EventKind.STARTED, due.job, due.fire, delay=now - due.at)
             begun.append((run, begin(due.job, run), now, None))
-        extend = needs_keep_alive(self._locker)
+        extend = self._keep_alive
         for (due, lease, lost, _), (run, body, started, starting) in zip(runs, begun, strict=True):
             keepalive = (
                 keep_alive(self._locker, lease, self.lease_ttl, self.clock, self._unanswered)

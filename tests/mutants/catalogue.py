@@ -193,7 +193,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "runs-not-renewed",
         "the scheduler's own renewal of its runs' leases is switched off",
         _SCHEDULER,
-        (("extend = needs_keep_alive(self._locker)", "extend = False"),),
+        (("self._keep_alive = needs_keep_alive(locker)", "self._keep_alive = False"),),
     ),
     Mutant(
         "ttl-without-margin",

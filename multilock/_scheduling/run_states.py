@@ -81,7 +81,8 @@ _ACQUIRING, _RUNNING, _SKIPPED, _MISSED, _FAILED, _ABANDONED = (
     _S.FAILED,
     _S.ABANDONED,
 )
-_LOST, _TIMED_OUT, _HOLDING, _RELEASING, _DONE = (
+_DUE, _LOST, _TIMED_OUT, _HOLDING, _RELEASING, _DONE = (
+    _S.DUE,
     _S.LOST,
     _S.TIMED_OUT,
     _S.HOLDING,
@@ -184,7 +185,7 @@ class RunLifecycle(Generic[S]):
     def __init__(self, job: Job, fire: datetime, job_state: S, at: float | None = None) -> None:
         self.job, self.fire, self.job_state = job, fire, job_state
         self.at = fire.timestamp() if at is None else at
-        self.state = RunState.DUE
+        self.state = _DUE
         self.run: Run | None = None
 
     def __repr__(self) -> str:

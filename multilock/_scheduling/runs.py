@@ -32,7 +32,10 @@ from .run_states import JobState, RunLifecycle, RunState
 __all__ = ["Emit", "Run", "RunHost", "begin", "wait_quietly"]
 
 log = logging.getLogger("multilock.scheduler")
-_HOLDING = RunState.HOLDING
+# Read off module globals: on Python 3.11 a member read off its Enum class goes through
+# the metaclass's __getattr__ hook, several times the cost, and these are read per run.
+_HOLDING, _RELEASING = RunState.HOLDING, RunState.RELEASING
+_SUCCEEDED, _FAILED, _LEASE_LOST = EventKind.SUCCEEDED, EventKind.FAILED, EventKind.LEASE_LOST
 
 
 def begin(
@@ -215,14 +218,14 @@ class Run:
             kind, reason = EventKind.FAILED, "the job cancelled itself"
         else:
             error = body.exception()
-            kind = EventKind.SUCCEEDED if error is None else EventKind.FAILED
+            kind = _SUCCEEDED if error is None else _FAILED
         duration = None if self.started is None else self._host.clock.now() - self.started
         self._host.emit(kind, self.job, self.fire, duration=duration, error=error, reason=reason)
         if self.life.over:
             return  # ended at shutdown just before: the scheduler releases its lease
         # The life moves on from its body states: the job no longer runs (the job's state
         # reads that off the life); whoever waits for the job is woken once it is free.
-        if self.lease is not None and kind is not EventKind.LEASE_LOST:
+        if self.lease is not None and kind is not _LEASE_LOST:
             self._hold(self.lease)
         else:
             self._release()
@@ -268,7 +271,7 @@ class Run:
             self._host.release_later(self.lease, self._finish_settled)
 
     def _finish_settled(self) -> None:
-        if self.life.state is RunState.RELEASING:  # else aborted meanwhile, at shutdown
+        if self.life.state is _RELEASING:  # else aborted meanwhile, at shutdown
             self._finish(settle=True)
 
     def _finish(self, *, settle: bool) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar, Unpack, cast
+from typing import Any, Literal, TypeVar, Unpack
 
 from .._durations import Duration, parse_duration
 from .._locks.base import check_name
@@ -70,7 +70,7 @@ PROBE_NAME = "multilock-probe"
 are answers); taken and released at once."""
 _PROBE_TIMEOUT = 10.0  # seconds a probe may wait for its answer (real time)
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 10.0  # the pauses of wait_for_backend, doubling
-_HOLDING = RunState.HOLDING
+_HOLDING, _STARTED = RunState.HOLDING, EventKind.STARTED  # read per run: see runs.py
 
 
 @dataclass(slots=True)
@@ -1039,7 +1039,7 @@ class Scheduler(Service):
         if not runs:
             return
         begun: list[tuple[RunContext, asyncio.Future[Any], float | None, _Starting | None]] = []
-        report = wanted(EventKind.STARTED, self._listeners)  # asked once, not per run
+        report = wanted(_STARTED, self._listeners)  # asked once, not per run
         loop = asyncio.get_running_loop()
         for due, _, _, token in runs:
             due.start()
@@ -1050,7 +1050,7 @@ class Scheduler(Service):
                 continue
             now = self.clock.now()
             if report:
-                self._emit(EventKind.STARTED, due.job, due.fire, delay=now - due.at)
+                self._emit(_STARTED, due.job, due.fire, delay=now - due.at)
             begun.append((run, begin(due.job, run), now, None))
         extend = self._keep_alive
         for (due, lease, lost, _), (run, body, started, starting) in zip(runs, begun, strict=True):
@@ -1155,11 +1155,8 @@ class Scheduler(Service):
         """Release ``lease`` in the one task that releases whatever is due, then ``then()``:
         the holds of a tick's jobs end together, and a task each would cost more. A
         backend that sends its release at once (``release_started``) needs no task."""
-        started = (
-            cast("SupportsReleaseStarted", lease).release_started()
-            if _starts_release(type(lease))
-            else None
-        )
+        # _starts_release() said it: told to mypy alone (cast() is a call, once a run)
+        started = lease.release_started() if _starts_release(type(lease)) else None  # type: ignore[attr-defined]
         if started is not None:
             self._held.discard(lease)
             if started.done():  # memory:// settles at once: no loop turn to wait for

@@ -88,8 +88,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         _RUNS,
         (
             (
-                "if self.lease is not None and kind is not EventKind.LEASE_LOST:",
-                "if self.lease is not None and kind is EventKind.LEASE_LOST:",
+                "if self.lease is not None and kind is not _LEASE_LOST:",
+                "if self.lease is not None and kind is _LEASE_LOST:",
             ),
         ),
     ),

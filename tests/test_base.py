@@ -12,10 +12,13 @@ import os
 import re
 import warnings
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
 from typing import TypeVar
+from zoneinfo import ZoneInfo
 
 import pytest
 
+from multilock._locks.base import tick_micros
 from multilock.backend import (
     AsyncLeaseBase,
     AsyncLockerBase,
@@ -500,3 +503,17 @@ def test_an_outcome_cannot_be_cancelled() -> None:
         assert not outcome.cancelled()
 
     asyncio.run(scenario())
+
+
+def test_a_tick_in_microseconds_is_exact_in_any_zone_and_century() -> None:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    for fire in (
+        epoch,
+        epoch - timedelta(microseconds=1),
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 3, 29, 3, 30, 0, 123457, tzinfo=ZoneInfo("Europe/Kyiv")),
+        datetime(2026, 12, 4, 17, 0, 0, 1, tzinfo=timezone(timedelta(hours=-9, minutes=-30))),
+    ):
+        assert tick_micros(fire) == (fire - epoch) // timedelta(microseconds=1), fire
+    assert tick_micros(1.5) == 1_500_000

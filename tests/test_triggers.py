@@ -53,6 +53,24 @@ def test_every_with_start_anchor_and_units() -> None:
     assert every("5m").interval == timedelta(minutes=5)
 
 
+def test_every_answers_alike_whatever_it_was_asked_before() -> None:
+    """The shortcut for the tick after the last one answered gives what a fresh trigger
+    computes: asked in any order, with instants in other zones, on and off the grid."""
+    start = datetime(2026, 1, 1, 0, 0, 0, 437000, tzinfo=UTC)
+    used = every(milliseconds=1500, start=start)
+    queries = [start + timedelta(microseconds=us) for us in (0, 1, 1_499_999, 1_500_000)]
+    queries += [start - timedelta(days=3), start + timedelta(days=400, microseconds=7)]
+    for after in queries + [q.astimezone(KYIV) for q in queries]:
+        for step in range(6):  # each after the last answer (the shortcut), in UTC or Kyiv
+            asked = after.astimezone(KYIV) if step % 2 else after
+            nxt = used.next_fire(asked, KYIV, "seed")
+            fresh = every(milliseconds=1500, start=start).next_fire(asked, KYIV, "seed")
+            assert nxt == fresh
+            assert nxt is not None
+            assert nxt.utcoffset() == timedelta(0)  # in UTC, as computed
+            after = nxt
+
+
 def test_every_ignores_dst() -> None:
     """Interval ticks are absolute: an hourly interval keeps 1 h gaps through both switches."""
     for day in (utc(2026, 3, 28, 22), utc(2026, 10, 24, 22)):

@@ -879,6 +879,27 @@ def test_run_now_runs_once_under_the_lock_and_says_how_it_went() -> None:
     assert [e.job for e in events.of(EventKind.STARTED)] == ["hourly", "failing"]
 
 
+def test_an_async_body_runs_in_a_task_named_after_its_job() -> None:
+    url, clock, events = namespace(), manual(), Events()
+    names: list[str] = []
+
+    async def job() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        names.append(task.get_name())
+
+    async def scenario() -> None:
+        sched = scheduler(url, clock, events)
+        sched.add_job(job, every(seconds=10), name="reports.nightly")
+        async with sched:
+            clock.set(T0 + 10)
+            await until(lambda: bool(events.of(EventKind.SUCCEEDED)), "the tick ran")
+            assert await sched.run_now("reports.nightly") is EventKind.SUCCEEDED
+        assert names == ["reports.nightly", "reports.nightly"]
+
+    asyncio.run(scenario())
+
+
 def test_run_now_right_after_a_tick_runs_under_the_lease_the_tick_still_holds() -> None:
     url, clock, events = namespace(), manual(), Events()
 

@@ -263,7 +263,10 @@ def start_run(
     context.run(_current.set, run)
     loop = asyncio.get_running_loop()
     if job.is_async:
-        return loop.create_task(job.func(*job.args, **job.kwargs), context=context)
+        # Named after its job: what a dump of the loop's tasks shows, and a task without
+        # a name formats one ("Task-N") as it is made.
+        body = job.func(*job.args, **job.kwargs)
+        return loop.create_task(body, name=job.name, context=context)
     call = functools.partial(context.run, _in_worker, run, started, job)
     return loop.run_in_executor(executor, call)
 

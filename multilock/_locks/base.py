@@ -114,7 +114,9 @@ class _LeaseState:
         self.key = key
         self.token = token
         self.fencing_token = fencing_token
-        self.expires_at = expires_at if expires_at is not None or ttl is None else _expiry(ttl)
+        if expires_at is None and ttl is not None:
+            expires_at = _expiry(ttl)
+        self.expires_at = expires_at
         self.lost = LostSignal()
         self._released = False
 

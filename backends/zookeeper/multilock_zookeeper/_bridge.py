@@ -11,7 +11,8 @@ The ``_async`` locker calls ``async_settle`` and ``async_stop``;
 ``scripts/async_to_sync.py`` turns them into ``sync_settle`` and ``sync_stop`` in the
 generated ``_sync`` locker. ``async_outcome`` serves the async API's hot path
 (``_started``): the outcome of what results mean, settled on the loop, which the
-core awaits with no task of its own.
+core awaits with no task of its own; its requests are ``_requests.Sent``, whose
+callback kazoo's connection thread runs itself (no hop through the completion thread).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from multilock.backend import Outcome
+
+from ._requests import Sent
 
 __all__ = ["async_outcome", "async_settle", "async_stop", "sync_settle", "sync_stop"]
 
@@ -59,7 +62,7 @@ async def async_settle(result: Any, deadline: float) -> bool:
     return bool(result.ready())
 
 
-def async_outcome(results: list[Any], deadline: float, interpret: Callable[[], T]) -> Outcome[T]:
+def async_outcome(results: list[Sent], deadline: float, interpret: Callable[[], T]) -> Outcome[T]:
     """The :class:`~multilock.backend.Outcome` of ``interpret()``, called on the loop once
     every result is ready or ``deadline`` (monotonic) passes: ``async_settle`` then
     interpreting, without a coroutine to drive it."""
@@ -75,14 +78,14 @@ def async_outcome(results: list[Any], deadline: float, interpret: Callable[[], T
             return  # settled already (a wake queued before the deadline passed)
         timer.cancel()
         for result in waiting:
-            result.unlink(wake)
+            result.forget()
         _settle(outcome, interpret)
 
     def woken() -> None:
         if all(result.ready() for result in waiting):
             settle()
 
-    def wake(_: Any) -> None:
+    def wake() -> None:
         try:
             loop.call_soon_threadsafe(woken)
         except RuntimeError:  # the loop closed meanwhile: nobody is waiting any more
@@ -90,7 +93,7 @@ def async_outcome(results: list[Any], deadline: float, interpret: Callable[[], T
 
     timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()), settle)
     for result in waiting:
-        result.rawlink(wake)
+        result.when_ready(wake)
     return outcome
 
 

@@ -43,6 +43,7 @@ from ._config import Config
 from ._errors import OUTCOME_UNKNOWN, shown, unavailable
 from ._logs import KazooLog
 from ._records import hidden_lock_info, lock_info, node_value
+from ._requests import EphemeralCreate, VersionedDelete
 from ._watches import Watches
 
 __all__ = ["Session"]
@@ -248,7 +249,7 @@ class Session:
         """Send one ephemeral create per name, all at once."""
         client_id = self.client.client_id
         session_id = client_id[0] if client_id else 0
-        create_async, acl, orphans = self.client.create_async, self._acl, self._orphans
+        client, acl, orphans = self.client, self._acl, self._orphans
         creates = []
         for name in names:
             path = self._path(name)
@@ -256,14 +257,7 @@ class Session:
             if path in orphans:
                 result = None  # our own earlier node may still be there: held, as far as we know
             else:
-                result = create_async(
-                    path,
-                    node_value(token),
-                    acl=acl,
-                    ephemeral=True,
-                    makepath=True,
-                    include_data=True,
-                )
+                result = EphemeralCreate(client, path, node_value(token), acl)
             creates.append(Create(name, path, token, result))
         return Batch(self, creates, session_id)
 
@@ -298,7 +292,7 @@ class Session:
             if self._held.get(node.path) is not node:
                 return None
             del self._held[node.path]
-        return self.client.delete_async(node.path, version=node.version)
+        return VersionedDelete(self.client, node.path, node.version)
 
     def deleted(self, node: Node, result: Any) -> bool:
         """Whether the delete removed our node; an unanswered one is retried by the session."""

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -44,8 +45,60 @@ __all__ = [
 _log = logging.getLogger("multilock.postgres")
 
 
-Mutex = threading.Lock
-"""Serializes the threads sharing one session connection."""
+class Mutex:
+    """Serializes the threads sharing one session connection: ``threading.Lock``'s
+    ``acquire`` and ``release``, but a release hands it to the first thread waiting, as
+    :class:`~multilock.backend.AsyncMutex` does. With a plain lock, a caller whose call
+    the health check cut off could take it straight back and hang on the same dead
+    path, while the health check, still waiting for it, could never bound that call."""
+
+    __slots__ = ("_guard", "_locked", "_waiters")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locked = False
+        self._waiters: deque[threading.Lock] = deque()  # each held until handed over
+
+    def locked(self) -> bool:
+        """Whether someone holds it."""
+        return self._locked
+
+    def acquire(self) -> bool:
+        """Take it, waiting behind those already waiting if need be."""
+        with self._guard:
+            if not self._locked:
+                self._locked = True
+                return True
+            waiter = threading.Lock()
+            waiter.acquire()
+            self._waiters.append(waiter)
+        try:
+            waiter.acquire()  # released by the release() that hands it over
+        except BaseException:
+            with self._guard:
+                try:
+                    self._waiters.remove(waiter)
+                    handed = False
+                except ValueError:
+                    handed = True
+            if handed:  # it was ours in the meantime: pass it on
+                self.release()
+            raise
+        return True
+
+    def release(self) -> None:
+        """Hand it to the first thread waiting, else free it."""
+        with self._guard:
+            if self._waiters:
+                self._waiters.popleft().release()
+            else:
+                self._locked = False
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class Ticker:
@@ -202,7 +255,7 @@ class SocketWatch:
     collected without ``stop()``.
     """
 
-    def __init__(self, mutex: threading.Lock, on_readable: Callable[[], None], name: str) -> None:
+    def __init__(self, mutex: Mutex, on_readable: Callable[[], None], name: str) -> None:
         self._mutex = mutex
         self._on_readable = weakref.WeakMethod(on_readable)
         self._name = name

@@ -51,6 +51,7 @@ from . import _sql
 
 if TYPE_CHECKING:
     from ._async.locker import AsyncPostgresLease, AsyncPostgresLocker
+    from ._sync.locker import PostgresLocker
 
 __all__ = ["AsyncStartedLease", "AsyncStartedLocker", "SyncStartedLease", "SyncStartedLocker"]
 
@@ -63,6 +64,9 @@ _ARRAY_HEAD = struct.Struct("!iiIii")  # dimensions, has nulls, element type, le
 _BINARY = (1,)
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_IDLE = pq.TransactionStatus.IDLE
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+_NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 
 
 def _numbered(text: str) -> str | None:
@@ -277,6 +281,13 @@ class AsyncStartedLocker:
 
     _started: _Statements | None = None
 
+    def _started_rows(
+        self, cursor: psycopg.AsyncCursor[Any], query: str, params: Any
+    ) -> list[Any] | None:
+        """``None``: the task path runs its statements with psycopg (the async API's
+        hot path is the started one above, which needs no task)."""
+        return None
+
     def _started_session(self) -> _Statements | None:
         """The session's statements, with its mutex taken: or ``None``, with nothing
         taken, when the task path must go instead."""
@@ -390,5 +401,110 @@ class SyncStartedLease:
     __slots__ = ()
 
 
+class _Plan:
+    """How the sync path runs one statement: its prepared name, the parameter's type,
+    and how its one row is read."""
+
+    __slots__ = ("load", "name", "oid", "prepare")
+
+    def __init__(
+        self, name: str, text: str, oid: int, load: Callable[[pq.abc.PGresult], list[Any]]
+    ) -> None:
+        self.name = name.encode()
+        kind = "int8" if oid == _INT8_OID else "int8[]"
+        self.prepare = f"PREPARE {name} ({kind}) AS {text}"
+        self.oid = oid
+        self.load = load
+
+
+def _fence(result: pq.abc.PGresult) -> list[Any]:
+    value = result.get_value(0, 0)
+    return [(None if value is None else _INT8.unpack(value)[0],)]
+
+
+def _granted(result: pq.abc.PGresult) -> list[Any]:
+    return [(_bigints(result.get_value(0, 0)), _bigints(result.get_value(0, 1)))]
+
+
+def _freed(result: pq.abc.PGresult) -> list[Any]:
+    return [(result.get_value(row, 0) == b"\x01",) for row in range(result.ntuples)]
+
+
+class _SyncSession:
+    """The sync path's statements on one session, prepared together."""
+
+    __slots__ = ("conn", "plans")
+
+    def __init__(self, conn: psycopg.Connection[Any], statements: _sql.Statements) -> None:
+        self.conn = conn
+        self.plans: dict[str, _Plan] = {}
+        for query, name, oid, load in (
+            (statements.lock, "multilock_sync_lock", _INT8_OID, _fence),
+            (statements.lock_many, "multilock_sync_lock_many", _INT8_ARRAY_OID, _granted),
+            (_sql.UNLOCK, "multilock_sync_unlock", _INT8_OID, _freed),
+            (_sql.UNLOCK_MANY, "multilock_sync_unlock_many", _INT8_ARRAY_OID, _freed),
+        ):
+            text = _numbered(query)
+            if text is not None:
+                self.plans[query] = _Plan(name, text, oid, load)
+
+    def prepare(self) -> None:
+        """Prepare every plan, in one round trip (a pipeline)."""
+        with self.conn.pipeline():
+            for plan in self.plans.values():
+                self.conn.execute(plan.prepare)
+
+
 class SyncStartedLocker:
-    """The sync twin of :class:`AsyncStartedLocker`: nothing (a sync acquire just waits)."""
+    """The sync API's hot path: the acquire and release statements run on psycopg's own
+    libpq connection (``pgconn.exec_prepared``, which waits without the GIL), their one
+    row read by hand -- half the client CPU of psycopg's ``execute`` and ``fetchall``
+    (docs/decisions.md). They are prepared together, by name, in one round trip when
+    a session first runs one (it is connecting then: the round trip is added to the
+    connection's own). An error is raised as psycopg's, so the locker's round trip
+    (``_ask``) handles it as it handles psycopg's own."""
+
+    _sync_session: _SyncSession | None = None
+
+    def _started_rows(
+        self, cursor: psycopg.Cursor[Any], query: str, params: Any
+    ) -> list[Any] | None:
+        """The rows of ``query`` run with ``params``, or ``None`` when psycopg must run it
+        (not one of the hot statements, or the session is not idle)."""
+        conn = cursor.connection
+        pgconn = conn.pgconn
+        if pgconn.transaction_status != _IDLE:
+            return None
+        session = self._sync_session
+        if session is None or session.conn is not conn:
+            locker: PostgresLocker = self  # type: ignore[assignment]
+            session = _SyncSession(conn, locker._statements)
+            session.prepare()
+            self._sync_session = session
+        plan = session.plans.get(query)
+        if plan is None:
+            return None
+        (param,) = params
+        data = _INT8.pack(param) if plan.oid == _INT8_OID else bytes(param)
+        result = _run(pgconn, plan, data)
+        if result.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
+            # Deallocated on the session (by a DEALLOCATE or DISCARD ALL): nothing ran.
+            session.prepare()
+            result = _run(pgconn, plan, data)
+        _check(conn, result)
+        return plan.load(result)
+
+
+def _run(pgconn: pq.abc.PGconn, plan: _Plan, data: bytes) -> pq.abc.PGresult:
+    result = pgconn.exec_prepared(plan.name, (data,), _BINARY, 1)
+    handler = pgconn.notify_handler  # as psycopg does after each answer
+    if handler is not None:
+        while notify := pgconn.notifies():
+            handler(notify)
+    return result
+
+
+def _check(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> None:
+    """Raise psycopg's error for a result that is not an answer."""
+    if result.status != _TUPLES_OK and result.status != _COMMAND_OK:
+        raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)

@@ -428,8 +428,11 @@ class AsyncPostgresLocker(AsyncStartedLocker, AsyncLockerBase):
                 if self._suspects:
                     await self._unlock_suspects(cursor)
                 text = query if isinstance(query, str) else query(self._statements)
-                await self._execute(cursor, text, params)
-                return await cursor.fetchall()
+                rows = self._started_rows(cursor, text, params)  # the sync API's hot path
+                if rows is None:
+                    await self._execute(cursor, text, params)
+                    rows = await cursor.fetchall()
+                return rows
             except psycopg.Error as exc:
                 conn = self._conn
                 if conn is not None and not conn.closed and not conn.broken:

@@ -426,8 +426,11 @@ class PostgresLocker(SyncStartedLocker, LockerBase):
                 if self._suspects:
                     self._unlock_suspects(cursor)
                 text = query if isinstance(query, str) else query(self._statements)
-                self._execute(cursor, text, params)
-                return cursor.fetchall()
+                rows = self._started_rows(cursor, text, params)  # the sync API's hot path
+                if rows is None:
+                    self._execute(cursor, text, params)
+                    rows = cursor.fetchall()
+                return rows
             except psycopg.Error as exc:
                 conn = self._conn
                 if conn is not None and not conn.closed and not conn.broken:

@@ -2,8 +2,9 @@
 acquire and release run on psycopg's libpq connection, their rows read by hand. Same
 guarantees as psycopg's path: the same errors, nothing left held, the same bound on a
 hung server, statements prepared again when the session lost them, and psycopg's
-connection left usable. And the sync mutex, handed over in turn, which that bound
-needs."""
+connection left usable (an error from the server: ``test_postgres_timeouts.py``, whose
+sync calls on a connected session take this path). And the sync mutex, handed over in
+turn, which that bound needs."""
 
 from __future__ import annotations
 
@@ -94,32 +95,6 @@ def test_statements_the_session_lost_are_prepared_again(
         locker._conn.execute("DEALLOCATE ALL")
         assert lease.release() is True
         assert holders(advisory_key(name)) == []
-
-
-def test_an_error_from_the_server_is_raised_and_leaves_nothing_held(
-    make_url: Callable[..., str],
-    sequence: str,
-    peer_locks: Callable[[str], None],
-    holders: Callable[[int], list[int]],
-) -> None:
-    # nextval waits for the peer's lock on the sequence after pg_try_advisory_lock has
-    # granted the key: the key is suspect, and unlocked before the error is raised.
-    name, other = _name(), _name()
-    url = make_url(fencing=True, fencing_sequence=sequence, lock_timeout="300ms")
-    with _locker(url) as locker:
-        _warm(locker)
-        pid = locker.session_pid
-        peer_locks(sequence)
-        started = time.monotonic()
-        with pytest.raises(BackendUnavailable, match="lock timeout"):
-            locker.try_acquire(name)
-        with pytest.raises(BackendUnavailable, match="lock timeout"):
-            locker.try_acquire_many([name, other])
-        assert time.monotonic() - started < 2 * 0.3 + SLACK
-        assert holders(advisory_key(name)) == []
-        assert holders(advisory_key(other)) == []
-        assert not locker._suspects
-        assert locker.session_pid == pid  # the session lives on
 
 
 def test_a_terminated_session_is_dropped_and_the_acquire_asked_on_a_new_one(

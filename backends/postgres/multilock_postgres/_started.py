@@ -38,6 +38,7 @@ its ``Sync`` twin, which adds nothing: the sync API waits in the caller's thread
 from __future__ import annotations
 
 import asyncio
+import secrets
 import struct
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -431,22 +432,26 @@ def _freed(result: pq.abc.PGresult) -> list[Any]:
 
 
 class _SyncSession:
-    """The sync path's statements on one session, prepared together."""
+    """The sync path's statements on one session, prepared together. Their names are
+    drawn anew for each session: a pool in session mode may hand over a server session
+    still holding another client's statements (when it resets none), under the same
+    names but perhaps not the same text (fencing or not)."""
 
     __slots__ = ("conn", "plans")
 
     def __init__(self, conn: psycopg.Connection[Any], statements: _sql.Statements) -> None:
         self.conn = conn
         self.plans: dict[str, _Plan] = {}
+        suffix = secrets.token_hex(6)
         for query, name, oid, load in (
-            (statements.lock, "multilock_sync_lock", _INT8_OID, _fence),
-            (statements.lock_many, "multilock_sync_lock_many", _INT8_ARRAY_OID, _granted),
-            (_sql.UNLOCK, "multilock_sync_unlock", _INT8_OID, _freed),
-            (_sql.UNLOCK_MANY, "multilock_sync_unlock_many", _INT8_ARRAY_OID, _freed),
+            (statements.lock, "lock", _INT8_OID, _fence),
+            (statements.lock_many, "lock_many", _INT8_ARRAY_OID, _granted),
+            (_sql.UNLOCK, "unlock", _INT8_OID, _freed),
+            (_sql.UNLOCK_MANY, "unlock_many", _INT8_ARRAY_OID, _freed),
         ):
             text = _numbered(query)
             if text is not None:
-                self.plans[query] = _Plan(name, text, oid, load)
+                self.plans[query] = _Plan(f"multilock_{name}_{suffix}", text, oid, load)
 
     def prepare(self) -> None:
         """Prepare every plan, in one round trip (a pipeline)."""

@@ -97,6 +97,21 @@ def test_statements_the_session_lost_are_prepared_again(
         assert holders(advisory_key(name)) == []
 
 
+def test_statements_left_on_the_session_by_another_client_do_not_collide(
+    make_url: Callable[..., str], holders: Callable[[int], list[int]]
+) -> None:
+    # A pool in session mode that resets nothing hands over a server session with the
+    # statements of the client before: the next one prepares its own beside them.
+    name = _name()
+    with _locker(make_url()) as locker:
+        _warm(locker)
+        locker._sync_session = None  # as a new client on the same server session
+        lease = locker.try_acquire(name)
+        assert lease is not None
+        assert holders(advisory_key(name)) == [locker.session_pid]
+        assert lease.release() is True
+
+
 def test_a_terminated_session_is_dropped_and_the_acquire_asked_on_a_new_one(
     make_url: Callable[..., str], admin: psycopg.Connection[Any]
 ) -> None:

@@ -212,10 +212,7 @@ class _Call(Generic[T]):
                     self._error = psycopg.errors.error_from_result(result, encoding=encoding)
             else:
                 return  # more to come
-            handler = pgconn.notify_handler  # as psycopg does after each answer
-            if handler is not None:
-                while notify := pgconn.notifies():
-                    handler(notify)
+            _hand_notifies(pgconn)
         except Exception as exc:
             self._abort(exc)
             return
@@ -502,11 +499,17 @@ class SyncStartedLocker:
 
 def _run(pgconn: pq.abc.PGconn, plan: _Plan, data: bytes) -> pq.abc.PGresult:
     result = pgconn.exec_prepared(plan.name, (data,), _BINARY, 1)
-    handler = pgconn.notify_handler  # as psycopg does after each answer
+    _hand_notifies(pgconn)
+    return result
+
+
+def _hand_notifies(pgconn: pq.abc.PGconn) -> None:
+    """Hand the notifications that came with an answer to psycopg's handler, as psycopg
+    does after each answer it reads."""
+    handler = pgconn.notify_handler
     if handler is not None:
         while notify := pgconn.notifies():
             handler(notify)
-    return result
 
 
 def _check(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> None:

@@ -13,7 +13,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from multilock.abc import LockInfo
 from multilock.backend import Capability, LockURL, new_token
-from multilock.errors import BackendUnavailable, ConfigurationError, LockLost, NotOwner
+from multilock.errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    LockLost,
+    MultilockError,
+    NotOwner,
+)
 
 from ._config import CLUSTER, MIN_TTL, RedisConfig, admin_client, close_admin, parse_config
 from ._errors import REDIS_ERRORS, translate
@@ -21,7 +27,7 @@ from ._keys import calls, fence_key, lock_key, name_of, scan_pattern, tick_key
 from ._renewal import RenewedLease, Renewer, ttl_ms, unreplicated
 from ._scripts import HELD_ELSEWHERE
 
-__all__ = ["CHUNK", "CLAIM_RETENTION", "RedisHooks", "RedisLockerCommon"]
+__all__ = ["CHUNK", "CLAIM_RETENTION", "RedisHooks", "RedisLockerCommon", "expiry"]
 
 _log = logging.getLogger("multilock.redis")
 CHUNK = 250
@@ -177,6 +183,23 @@ class RedisLockerCommon:
         self._untrack(lease)
         lease.lost.set(reason)
 
+    def _acquire_failed(
+        self, key: str, token: str, ttl: float, exc: BaseException
+    ) -> MultilockError:
+        """The error of an acquire of ``key`` under ``token`` that failed with ``exc``. It
+        may have run (its answer lost): the lock is freed once Redis answers."""
+        self._renewer.release_later([(key, token, ttl)])
+        return translate(exc, self._url, "acquiring")
+
+    def _release_failed(self, lease: Any, exc: BaseException) -> bool:
+        """``False`` for the release of ``lease`` that failed with ``exc`` when the lease
+        was already reported lost (its key expires on its own), else the error raised.
+        Either way, the release is tried again in the background."""
+        self._renewer.release_later([(lease.key, lease.token, lease._ttl)])
+        if lease.lost.is_set():
+            return False
+        raise translate(exc, self._url, "releasing") from None
+
     def _extended(self, lease: Any, answer: int, ttl: float, start: float) -> float:
         """Apply EXTEND's ``answer`` for ``lease``: the new ttl, or the error to raise."""
         if answer == 1:
@@ -245,6 +268,12 @@ class RedisLockerCommon:
                 )
             )
         return found
+
+
+def expiry(ttl: float) -> datetime:
+    """When a lease of ``ttl`` granted from now expires: taken before the request is
+    sent, so that the server's expiry is never earlier than the one reported."""
+    return datetime.now(UTC) + timedelta(seconds=ttl)
 
 
 def _tokens(batch: str, positions: Iterable[int]) -> list[str]:

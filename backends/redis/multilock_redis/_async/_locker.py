@@ -7,13 +7,13 @@ The sync API in ``_sync/`` is generated from this module by
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 from multilock.backend import AsyncLeaseBase, AsyncLockerBase, AsyncReleaseWatch, LockURL
 
-from .._common import RedisLockerCommon
+from .._common import RedisLockerCommon, expiry
 from .._config import SENTINEL, AsyncClient
 from .._errors import REDIS_ERRORS, translate
 from .._keys import lock_key
@@ -27,13 +27,14 @@ from .._scripts import (
     RELEASE_MANY,
     parse_fences,
 )
+from .._started import AsyncStartedLease, AsyncStartedLocker
 from ._cluster import new_link
 from ._lua import AsyncLink
 
 __all__ = ["AsyncRedisLease", "AsyncRedisLocker", "AsyncRedisWatch"]
 
 
-class AsyncRedisLease(AsyncLeaseBase):
+class AsyncRedisLease(AsyncStartedLease, AsyncLeaseBase):
     """A lease on a Redis lock, renewed in the background while held."""
 
     __slots__ = ("_locker", "_ttl")
@@ -60,7 +61,7 @@ class AsyncRedisLease(AsyncLeaseBase):
         return await self._locker._extend_lease(self, self._ttl if ttl is None else ttl)
 
 
-class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
+class AsyncRedisLocker(AsyncStartedLocker, RedisLockerCommon, AsyncLockerBase):
     """A locker on one Redis server (``redis://``, ``rediss://``, ``unix://``), a Redis
     Cluster (``redis+cluster://``) or the primary Sentinel names (``redis+sentinel://``)."""
 
@@ -70,7 +71,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
 
     async def _try_acquire(self, name: str, ttl: float) -> AsyncLeaseBase | None:
         keys, args, tokens = self._acquire_request([name], ttl)
-        start, expires_at = time.monotonic(), _expiry(ttl)
+        start, expires_at = time.monotonic(), expiry(ttl)
         try:
             if self._wait is None:
                 fence = await self._link.run(ACQUIRE, keys, args)
@@ -78,17 +79,21 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
                 answers, acked = await self._link.run_waited(ACQUIRE, [(keys, args)], self._wait)
                 fence = self._answer(answers[0])
         except REDIS_ERRORS as exc:
-            # It may have run (its answer lost): the lock is freed once Redis answers.
-            self._renewer.release_later([(keys[0], tokens[0], ttl)])
-            raise translate(exc, self._url, "acquiring") from None
+            raise self._acquire_failed(keys[0], tokens[0], ttl, exc) from None
         if not fence:
             return None
-        lease = AsyncRedisLease(self, name, keys[0], tokens[0], fence, ttl, expires_at)
+        lease = self._lease(name, keys[0], tokens[0], fence, ttl, expires_at)
         if self._wait is not None and acked < self._wait[0]:
             await self._give_back(*self._given_back([lease]), ttl)
             raise self._unreplicated("acquiring", acked)
         await self._hold([lease], start)
         return lease
+
+    def _lease(
+        self, name: str, key: str, token: str, fence: int, ttl: float, expires_at: datetime
+    ) -> AsyncRedisLease:
+        """The lease an acquire was granted (not tracked yet)."""
+        return AsyncRedisLease(self, name, key, token, fence, ttl, expires_at)
 
     async def _try_acquire_many(
         self, names: list[str], ttl: float
@@ -99,7 +104,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         requests = self._acquire_requests(names, ttl, made)
         result: dict[str, AsyncLeaseBase | None] = dict.fromkeys(names)
         granted: list[AsyncRedisLease] = []
-        start, expires_at = time.monotonic(), _expiry(ttl)
+        start, expires_at = time.monotonic(), expiry(ttl)
 
         answered_calls: set[int] = set()
 
@@ -192,10 +197,7 @@ class AsyncRedisLocker(RedisLockerCommon, AsyncLockerBase):
         try:
             freed = await self._link.run(RELEASE, [lease.key], [lease.token])
         except REDIS_ERRORS as exc:
-            self._renewer.release_later([(lease.key, lease.token, lease._ttl)])
-            if lease.lost.is_set():
-                return False  # already reported lost: its key expires on its own
-            raise translate(exc, self._url, "releasing") from None
+            return self._release_failed(lease, exc)
         return bool(freed)
 
     async def _release_leases(self, leases: list[AsyncLeaseBase]) -> None:
@@ -292,12 +294,6 @@ class AsyncRedisWatch(AsyncReleaseWatch):
     ) -> None:
         if self._pubsub is not None:
             await async_close_pubsub(self._pubsub)
-
-
-def _expiry(ttl: float) -> datetime:
-    """When a lease of ``ttl`` granted from now expires: taken before the request is
-    sent, so that the server's expiry is never earlier than the one reported."""
-    return datetime.now(UTC) + timedelta(seconds=ttl)
 
 
 def _ignore(i: int, answer: object) -> None:

@@ -10,6 +10,7 @@ more again.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -96,6 +97,55 @@ class AsyncLink:
     def client(self) -> AsyncClient:
         """The redis-py client whose pool the link draws on (for a pub/sub connection)."""
         return self._client
+
+    # async-only: the started path (see _started.py)
+    @property
+    def timeout(self) -> float | None:
+        """The bound of one call on the link's connection: the client's socket timeout."""
+        return self._socket.timeout
+
+    # async-only: the started path (see _started.py)
+    def idle_transport(self) -> asyncio.Transport | None:
+        """The open connection's transport, with the link taken, for a call written at
+        once; ``None``, with nothing taken, when the call must take the task path: the
+        link busy, in a forked child, its connection closed, ended by the server or
+        holding what nobody asked for, or health checks asked for (they need a task)."""
+        connection = self._socket.connection
+        # redis-py's stream pair; asyncio's buffer, as redis-py reads it for can_read.
+        reader: Any = getattr(connection, "_reader", None)
+        writer: Any = getattr(connection, "_writer", None)
+        unread: Any = getattr(reader, "_buffer", True)
+        if (
+            reader is None
+            or writer is None
+            or getattr(connection, "health_check_interval", True)
+            or unread
+            or reader.at_eof()
+            or reader.exception() is not None
+            or writer.transport.is_closing()
+            or self._pid != os.getpid()
+            or not self._gate.enter()
+        ):
+            return None
+        self._answered = None
+        transport: asyncio.Transport = writer.transport
+        return transport
+
+    # async-only: the started path
+    def answered(self) -> None:
+        """A started call's answer is in: the link is free again."""
+        self._answered = time.monotonic()
+        self._gate.leave()
+
+    # async-only: the started path
+    async def failed(self, broken: bool) -> None:
+        """A started call failed: the link is free again, its connection dropped first
+        if ``broken`` (what is on it is unknown), as redis-py drops it."""
+        try:
+            if broken:
+                await self._socket.connection.disconnect(nowait=True)
+        finally:
+            self._gate.leave()
 
     async def run(self, script: Lua, keys: list[str], args: list[str | int]) -> Any:
         """Run ``script`` on ``keys`` with ``args``; its reply as redis-py parses it."""

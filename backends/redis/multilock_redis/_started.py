@@ -1,0 +1,283 @@
+"""The async API's hot path: an acquire or a release written on the locker's own
+connection at once and answered from its transport, with no task (the core's
+``_start_try_acquire`` and ``_start_release``).
+
+The task path (``_try_acquire``, ``_release_lease`` in ``_async/_locker.py``, each
+run in a task of its own by the core for cancellation safety) costs a task and two
+event-loop turns per call. Here the ``EVALSHA`` is written on the link's connection
+at once, and a protocol put in front of redis-py's stream protocol for the length of
+the call (:class:`_Call`) reads the one answer, an integer or an error line, and
+settles the core's ``Outcome``. Taken only in the common case: the link's connection
+open and idle (its gate free, nothing unread on it), in the process that opened it,
+on one server (not a cluster), with no ``WAIT`` for replicas and no health checks
+asked for. Otherwise ``None``, and the core takes the task path.
+
+A call is bounded as the task path's are, by the client's socket timeout (a timer of
+the loop). Anything unusual -- the server lacking the script, an error answer, the
+connection ending, the timeout, an answer that is not an integer -- gives redis-py
+its protocol back and hands over to the task path's own handling, in a task: the
+connection dropped first where it broke (as redis-py drops it), then the locker's
+``_acquire_failed`` or ``_release_failed``, or, when the server lacked the script
+(it did not run), the whole call again on the task path, which loads it.
+
+The mixins are named so that ``scripts/async_to_sync.py`` maps each ``Async`` one to
+its ``Sync`` twin, which adds nothing: the sync API waits in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse, NoScriptError, ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from multilock.backend import AsyncLeaseBase, Outcome, settle_in_task
+
+from ._async._lua import AsyncLink
+from ._common import expiry
+from ._errors import REDIS_ERRORS
+from ._scripts import ACQUIRE, RELEASE, Lua
+from ._wire import pack
+
+try:  # redis-py's table of error answers to its exceptions (READONLY, NOSCRIPT, ...)
+    from redis._parsers.base import BaseParser
+
+    _parse_error: Callable[[str], Any] | None = BaseParser.parse_error
+except (ImportError, AttributeError):  # pragma: no cover - a redis-py that moved it
+    _parse_error = None
+
+if TYPE_CHECKING:
+    from ._async._locker import AsyncRedisLease, AsyncRedisLocker
+
+__all__ = ["AsyncStartedLease", "AsyncStartedLocker", "SyncStartedLease", "SyncStartedLocker"]
+
+T = TypeVar("T")
+_CLOSED = "Connection closed by server."  # redis-py's words
+
+
+class _Call(asyncio.Protocol, Generic[T]):
+    """One script call in flight on the link's connection: the transport's protocol
+    until the answer is in, then redis-py's again. ``outcome`` is settled with
+    ``answered(integer)``, or by ``recover(error)`` in a task."""
+
+    __slots__ = (
+        "_answered",
+        "_buffer",
+        "_link",
+        "_loop",
+        "_recover",
+        "_stream",
+        "_timer",
+        "_transport",
+        "outcome",
+    )
+
+    def __init__(
+        self,
+        link: AsyncLink,
+        transport: asyncio.Transport,
+        answered: Callable[[int], T],
+        recover: Callable[[BaseException], Coroutine[Any, Any, T]],
+    ) -> None:
+        self._link = link
+        self._transport = transport
+        self._stream = transport.get_protocol()
+        self._answered = answered
+        self._recover = recover
+        self._loop = asyncio.get_running_loop()
+        self._buffer = b""
+        self._timer: asyncio.TimerHandle | None = None
+        self.outcome: Outcome[T] = Outcome(loop=self._loop)
+
+    def start(self, command: bytes, timeout: float | None) -> None:
+        """Write ``command`` and take in what comes back, for at most ``timeout`` seconds."""
+        self._transport.set_protocol(self)
+        if timeout is not None:
+            self._timer = self._loop.call_later(timeout, self._timed_out, timeout)
+        try:
+            self._transport.write(command)
+        except Exception as exc:
+            self._fail(exc, broken=True)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer + data if self._buffer else data
+        end = buffer.find(b"\r\n")
+        if end < 0:
+            self._buffer = buffer
+            return
+        kind, rest = buffer[:1], buffer[end + 2 :]
+        if kind == b":" and not rest:
+            try:
+                value = int(buffer[1:end])
+            except ValueError:
+                pass
+            else:
+                self._give_back()
+                self._link.answered()
+                try:
+                    result = self._answered(value)
+                except BaseException as exc:
+                    settle_in_task(self.outcome, self._recover(exc), self._loop)
+                else:
+                    self.outcome.set_result(result)
+                return
+        if kind == b"-" and not rest and _parse_error is not None:
+            error = _parse_error(buffer[1:end].decode("utf-8", "replace"))
+            # A replica refusing: redis-py's Sentinel connection drops itself then, to
+            # find the new primary when it connects again; so does this call.
+            self._fail(error, broken=isinstance(error, ReadOnlyError))
+            return
+        # Not one integer or one error line: nothing else is asked, so the stream is out
+        # of step (or the server sent what nobody asked for); the connection goes.
+        self._fail(InvalidResponse(f"unexpected answer {buffer[:40]!r}"), broken=True)
+
+    def eof_received(self) -> bool | None:
+        self._give_back()
+        kept = self._stream.eof_received()  # type: ignore[attr-defined]
+        self._fail(RedisConnectionError(_CLOSED), broken=True, given_back=True)
+        return bool(kept)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._give_back()
+        self._stream.connection_lost(exc)
+        self._fail(exc or RedisConnectionError(_CLOSED), broken=True, given_back=True)
+
+    def pause_writing(self) -> None:
+        self._stream.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._stream.resume_writing()
+
+    def _timed_out(self, timeout: float) -> None:
+        self._timer = None
+        self._fail(RedisTimeoutError(f"no answer within {timeout}s"), broken=True)
+
+    def _give_back(self) -> bool:
+        """Hand the transport back to redis-py's protocol; ``False`` if it was already."""
+        if self._transport.get_protocol() is not self:
+            return False
+        self._transport.set_protocol(self._stream)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return True
+
+    def _fail(self, error: BaseException, *, broken: bool, given_back: bool = False) -> None:
+        """Hand over to the task path with ``error``, once: the connection dropped first
+        if ``broken`` (what is on it is unknown), the gate held until then."""
+        if not self._give_back() and not given_back:
+            return  # handed over already
+        if self.outcome.done() or self.outcome.task is not None:
+            return
+        settle_in_task(self.outcome, self._handed_over(error, broken), self._loop)
+
+    async def _handed_over(self, error: BaseException, broken: bool) -> T:
+        await self._link.failed(broken)
+        return await self._recover(error)
+
+
+class AsyncStartedLease:
+    """The release of an async Redis lease, written at once when the link is idle (the
+    core's ``_start_release``)."""
+
+    __slots__ = ()
+    _locker: AsyncRedisLocker
+
+    def _start_release(self) -> Outcome[bool] | None:
+        lease: AsyncRedisLease = self  # type: ignore[assignment]
+        return self._locker._start_release_lease(lease)
+
+
+class AsyncStartedLocker:
+    """The acquire and release of the async Redis locker, written at once when its link
+    is idle (the core's ``_start_try_acquire``)."""
+
+    def _start_try_acquire(self, name: str, ttl: float) -> Outcome[AsyncLeaseBase | None] | None:
+        locker: AsyncRedisLocker = self  # type: ignore[assignment]
+        if locker._wait is not None:
+            return None
+        keys, args, tokens = locker._acquire_request([name], ttl)
+        start = time.monotonic()
+        expires_at = expiry(ttl)
+
+        def answered(fence: int) -> AsyncRedisLease | None:
+            if not fence:
+                return None
+            lease = locker._lease(name, keys[0], tokens[0], fence, ttl, expires_at)
+            try:
+                locker._track([lease], start)
+            except BaseException as exc:
+                raise _Untracked(lease, exc) from exc
+            return lease
+
+        async def recover(error: BaseException) -> AsyncRedisLease | None:
+            if isinstance(error, _Untracked):
+                await locker._give_back(*locker._given_back([error.lease]), ttl)
+                raise error.error
+            if isinstance(error, NoScriptError):  # it did not run: ask again, loading it
+                return await locker._try_acquire(name, ttl)  # type: ignore[return-value]
+            if isinstance(error, REDIS_ERRORS):
+                raise locker._acquire_failed(keys[0], tokens[0], ttl, error) from None
+            raise error
+
+        return self._started_call(ACQUIRE, keys, args, answered, recover)
+
+    def _start_release_lease(self, lease: AsyncRedisLease) -> Outcome[bool] | None:
+        """``lease``'s release, started (see :meth:`_start_try_acquire`)."""
+        locker: AsyncRedisLocker = self  # type: ignore[assignment]
+
+        async def recover(error: BaseException) -> bool:
+            if isinstance(error, NoScriptError):  # it did not run: ask again, loading it
+                return await locker._release_lease(lease)
+            if isinstance(error, REDIS_ERRORS):
+                return locker._release_failed(lease, error)
+            raise error
+
+        started = self._started_call(RELEASE, [lease.key], [lease.token], bool, recover)
+        if started is not None:
+            locker._untrack(lease)
+        return started
+
+    def _started_call(
+        self,
+        script: Lua,
+        keys: list[str],
+        args: list[str | int],
+        answered: Callable[[int], T],
+        recover: Callable[[BaseException], Coroutine[Any, Any, T]],
+    ) -> Outcome[T] | None:
+        """``script`` written now on the link's connection, its answer to ``answered``;
+        ``None``, with nothing done, when the link cannot take it at once."""
+        locker: AsyncRedisLocker = self  # type: ignore[assignment]
+        link = locker._link
+        if not isinstance(link, AsyncLink):
+            return None  # a cluster's: a connection per node, through redis-py's client
+        transport = link.idle_transport()
+        if transport is None:
+            return None
+        call = _Call(link, transport, answered, recover)
+        call.start(pack(("EVALSHA", script.sha, len(keys), *keys, *args)), link.timeout)
+        return call.outcome
+
+
+class _Untracked(Exception):
+    """A lease granted, then not tracked (its renewal could not start): given back."""
+
+    def __init__(self, lease: AsyncRedisLease, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.lease = lease
+        self.error = error
+
+
+class SyncStartedLease:
+    """The sync twin of :class:`AsyncStartedLease`: nothing (a sync release just waits)."""
+
+    __slots__ = ()
+
+
+class SyncStartedLocker:
+    """The sync twin of :class:`AsyncStartedLocker`: nothing (a sync acquire just waits)."""

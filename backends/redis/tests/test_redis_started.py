@@ -65,6 +65,17 @@ async def _warm(url: str, name: str) -> AsyncRedisLocker:
     return locker
 
 
+async def _granted_in_flight(
+    locker: AsyncRedisLocker, name: str, proxy: TcpProxy, admin: Any
+) -> asyncio.Future[Any]:
+    """An acquire of ``name`` the server has granted, its answer still on its way."""
+    proxy.delay(0.3, "answers")
+    call = asyncio.ensure_future(locker.try_acquire(name))
+    key = lock_key(name, locker.prefix)
+    await _until("the server granting the lock", lambda: admin.exists(key) == 1, 2)
+    return call
+
+
 def _no_task_path(locker: AsyncRedisLocker, monkeypatch: pytest.MonkeyPatch) -> None:
     async def refused(*_: object) -> Any:
         raise AssertionError("the task path was taken")
@@ -130,9 +141,7 @@ def test_a_cancelled_acquire_in_flight_leaves_nothing_held(
         locker = await _warm(_timeout(proxy.url(redis_url), 5), name)
         key = lock_key(name, locker.prefix)
         try:
-            proxy.delay(0.3, "answers")
-            call = asyncio.ensure_future(locker.try_acquire(name))
-            await _until("the server granting the lock", lambda: admin.exists(key) == 1, 2)
+            call = await _granted_in_flight(locker, name, proxy, admin)
             call.cancel()  # the answer is still on its way
             with pytest.raises(asyncio.CancelledError):
                 await call
@@ -199,9 +208,7 @@ def test_a_connection_reset_in_flight_fails_promptly_and_frees_the_lock_later(
         locker = await _warm(_timeout(proxy.url(redis_url), TIMEOUT), name)
         key = lock_key(name, locker.prefix)
         try:
-            proxy.delay(0.3, "answers")
-            call = asyncio.ensure_future(locker.try_acquire(name))
-            await _until("the server granting the lock", lambda: admin.exists(key) == 1, 2)
+            call = await _granted_in_flight(locker, name, proxy, admin)
             proxy.drop_connections()
             with pytest.raises(BackendUnavailable, match="while acquiring"):
                 await call

@@ -59,6 +59,12 @@ def test_async_api_over_tls(tls_redis: Any) -> None:
             for lease in [*leases, *many.values()]:
                 assert lease is not None
                 assert await lease.release()
+            # The connection open: an acquire is written on the TLS transport at once.
+            started = locker._start_try_acquire("c", 30.0)  # type: ignore[attr-defined]
+            assert started is not None
+            lease = await started
+            assert lease is not None
+            assert await lease.release()
 
     asyncio.run(main())
 

@@ -1,24 +1,27 @@
 """The async API's hot path: an acquire or a release written on the locker's own
 connection at once and answered from its transport, with no task (the core's
-``_start_try_acquire`` and ``_start_release``).
+``_start_try_acquire``, ``_start_try_acquire_many`` and ``_start_release``).
 
-The task path (``_try_acquire``, ``_release_lease`` in ``_async/_locker.py``, each
-run in a task of its own by the core for cancellation safety) costs a task and two
-event-loop turns per call. Here the ``EVALSHA`` is written on the link's connection
-at once, and a protocol put in front of redis-py's stream protocol for the length of
-the call (:class:`_Call`) reads the one answer, an integer or an error line, and
-settles the core's ``Outcome``. Taken only in the common case: the link's connection
-open and idle (its gate free, nothing unread on it), in the process that opened it,
-on one server (not a cluster), with no ``WAIT`` for replicas and no health checks
-asked for. Otherwise ``None``, and the core takes the task path.
+The task path (``_try_acquire``, ``_try_acquire_many``, ``_release_lease`` in
+``_async/_locker.py``, each run in a task of its own by the core for cancellation
+safety) costs a task and two event-loop turns per call. Here the ``EVALSHA`` is
+written on the link's connection at once, and a protocol put in front of redis-py's
+stream protocol for the length of the call (:class:`_Call`) reads the one answer (an
+integer; a batch's fences as one bulk string; or an error line) and settles the
+core's ``Outcome``. Taken only in the common case: the link's connection open and idle
+(its gate free, nothing unread on it), in the process that opened it, on one server
+(not a cluster), with no ``WAIT`` for replicas and no health checks asked for, a batch
+of one call (at most ``CHUNK`` names). Otherwise ``None``, and the core takes the task
+path.
 
 A call is bounded as the task path's are, by the client's socket timeout (a timer of
 the loop). Anything unusual -- the server lacking the script, an error answer, the
-connection ending, the timeout, an answer that is not an integer -- gives redis-py
+connection ending, the timeout, an answer not of the kind asked for -- gives redis-py
 its protocol back and hands over to the task path's own handling, in a task: the
 connection dropped first where it broke (as redis-py drops it), then the locker's
-``_acquire_failed`` or ``_release_failed``, or, when the server lacked the script
-(it did not run), the whole call again on the task path, which loads it.
+``_acquire_failed`` or ``_release_failed`` (a batch: what it may have set given back,
+as ``_try_acquire_many`` gives it back), or, when the server lacked the script (it did
+not run), the whole call again on the task path, which loads it.
 
 The mixins are named so that ``scripts/async_to_sync.py`` maps each ``Async`` one to
 its ``Sync`` twin, which adds nothing: the sync API waits in the caller's thread.
@@ -29,18 +32,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from multilock.backend import AsyncLeaseBase, Outcome, settle_in_task
+from multilock.backend import AsyncLeaseBase, AsyncLockerBase, Outcome, settle_in_task
 
 from ._async._lua import AsyncLink
-from ._common import expiry
-from ._errors import REDIS_ERRORS
-from ._scripts import ACQUIRE, RELEASE, Lua
+from ._common import CHUNK, expiry
+from ._errors import REDIS_ERRORS, translate
+from ._scripts import ACQUIRE, ACQUIRE_MANY, RELEASE, Lua, parse_fences
 from ._wire import pack
 
 try:  # redis-py's table of error answers to its exceptions (READONLY, NOSCRIPT, ...)
@@ -62,11 +65,13 @@ _CLOSED = "Connection closed by server."  # redis-py's words
 class _Call(asyncio.Protocol, Generic[T]):
     """One script call in flight on the link's connection: the transport's protocol
     until the answer is in, then redis-py's again. ``outcome`` is settled with
-    ``answered(integer)``, or by ``recover(error)`` in a task."""
+    ``answered(answer)`` (an ``int``, or the ``bytes`` of a bulk string), or by
+    ``recover(error)`` in a task."""
 
     __slots__ = (
         "_answered",
         "_buffer",
+        "_kind",
         "_link",
         "_loop",
         "_recover",
@@ -80,10 +85,12 @@ class _Call(asyncio.Protocol, Generic[T]):
         self,
         link: AsyncLink,
         transport: asyncio.Transport,
-        answered: Callable[[int], T],
+        kind: bytes,
+        answered: Callable[[Any], T],
         recover: Callable[[BaseException], Coroutine[Any, Any, T]],
     ) -> None:
         self._link = link
+        self._kind = kind  # the answer asked for: b":" an integer, b"$" a bulk string
         self._transport = transport
         self._stream = transport.get_protocol()
         self._answered = answered
@@ -109,31 +116,44 @@ class _Call(asyncio.Protocol, Generic[T]):
         if end < 0:
             self._buffer = buffer
             return
-        kind, rest = buffer[:1], buffer[end + 2 :]
-        if kind == b":" and not rest:
-            try:
-                value = int(buffer[1:end])
-            except ValueError:
-                pass
-            else:
-                self._give_back()
-                self._link.answered()
-                try:
-                    result = self._answered(value)
-                except BaseException as exc:
-                    settle_in_task(self.outcome, self._recover(exc), self._loop)
-                else:
-                    self.outcome.set_result(result)
+        kind, head = buffer[:1], buffer[1:end]
+        if kind == self._kind == b"$" and head.isdigit():  # ACQUIRE_MANY's fences
+            start = end + 2
+            stop = start + int(head)
+            if len(buffer) < stop + 2:
+                self._buffer = buffer
                 return
-        if kind == b"-" and not rest and _parse_error is not None:
-            error = _parse_error(buffer[1:end].decode("utf-8", "replace"))
-            # A replica refusing: redis-py's Sentinel connection drops itself then, to
-            # find the new primary when it connects again; so does this call.
-            self._fail(error, broken=isinstance(error, ReadOnlyError))
-            return
-        # Not one integer or one error line: nothing else is asked, so the stream is out
-        # of step (or the server sent what nobody asked for); the connection goes.
+            if len(buffer) == stop + 2 and buffer.endswith(b"\r\n"):
+                self._settle(buffer[start:stop])
+                return
+        elif len(buffer) == end + 2:  # one line, and nothing after it
+            if kind == self._kind == b":":
+                try:
+                    value = int(head)
+                except ValueError:
+                    pass
+                else:
+                    self._settle(value)
+                    return
+            elif kind == b"-" and _parse_error is not None:
+                error = _parse_error(head.decode("utf-8", "replace"))
+                # A replica refusing: redis-py's Sentinel connection drops itself then,
+                # to find the new primary when it connects again; so does this call.
+                self._fail(error, broken=isinstance(error, ReadOnlyError))
+                return
+        # Not the answer asked for: nothing else is asked, so the stream is out of step
+        # (or the server sent what nobody asked for); the connection goes.
         self._fail(InvalidResponse(f"unexpected answer {buffer[:40]!r}"), broken=True)
+
+    def _settle(self, answer: Any) -> None:
+        self._give_back()
+        self._link.answered()
+        try:
+            result = self._answered(answer)
+        except BaseException as exc:
+            settle_in_task(self.outcome, self._recover(exc), self._loop)
+        else:
+            self.outcome.set_result(result)
 
     def eof_received(self) -> bool | None:
         self._give_back()
@@ -208,23 +228,60 @@ class AsyncStartedLocker:
             if not fence:
                 return None
             lease = locker._lease(name, keys[0], tokens[0], fence, ttl, expires_at)
-            try:
-                locker._track([lease], start)
-            except BaseException as exc:
-                raise _Untracked(lease, exc) from exc
+            _track(locker, [lease], start)
             return lease
 
         async def recover(error: BaseException) -> AsyncRedisLease | None:
             if isinstance(error, _Untracked):
-                await locker._give_back(*locker._given_back([error.lease]), ttl)
-                raise error.error
+                await error.give_back(locker, ttl)
             if isinstance(error, NoScriptError):  # it did not run: ask again, loading it
                 return await locker._try_acquire(name, ttl)  # type: ignore[return-value]
             if isinstance(error, REDIS_ERRORS):
                 raise locker._acquire_failed(keys[0], tokens[0], ttl, error) from None
             raise error
 
-        return self._started_call(ACQUIRE, keys, args, answered, recover)
+        return self._started_call(ACQUIRE, b":", keys, args, answered, recover)
+
+    def _start_try_acquire_many(
+        self, names: list[str], ttl: float
+    ) -> Outcome[dict[str, AsyncLeaseBase | None]] | None:
+        if len(names) == 1:  # the core's default: through _start_try_acquire
+            return AsyncLockerBase._start_try_acquire_many(self, names, ttl)  # type: ignore[arg-type]
+        locker: AsyncRedisLocker = self  # type: ignore[assignment]
+        if locker._wait is not None or not isinstance(locker._link, AsyncLink):
+            return None
+        if not names or len(names) > CHUNK:
+            return None  # nothing to ask; or more than one call, pipelined on the task path
+        made: list[tuple[list[str], list[str], list[str]]] = []
+        ((keys, args),) = locker._acquire_requests(names, ttl, made)
+        tokens = made[0][2]
+        start = time.monotonic()
+        expires_at = expiry(ttl)
+
+        def answered(answer: bytes) -> dict[str, AsyncLeaseBase | None]:
+            result: dict[str, AsyncLeaseBase | None] = dict.fromkeys(names)
+            granted: list[AsyncRedisLease] = []
+            for j, fence in enumerate(parse_fences(answer)):
+                if fence:
+                    lease = locker._lease(names[j], keys[2 * j], tokens[j], fence, ttl, expires_at)
+                    granted.append(lease)
+                    result[names[j]] = lease
+            _track(locker, granted, start)
+            return result
+
+        async def recover(error: BaseException) -> dict[str, AsyncLeaseBase | None]:
+            if isinstance(error, _Untracked):
+                await error.give_back(locker, ttl)
+            if isinstance(error, NoScriptError):  # it did not run: ask again, loading it
+                return await locker._try_acquire_many(names, ttl)
+            # Any of them may be set (an answer lost), or none (an error answer): as on
+            # the task path, nothing stays held.
+            await locker._give_back(keys[::2], tokens, ttl)
+            if isinstance(error, REDIS_ERRORS):
+                raise translate(error, locker._url, "acquiring") from None
+            raise error
+
+        return self._started_call(ACQUIRE_MANY, b"$", keys, args, answered, recover)
 
     def _start_release_lease(self, lease: AsyncRedisLease) -> Outcome[bool] | None:
         """``lease``'s release, started (see :meth:`_start_try_acquire`)."""
@@ -237,7 +294,7 @@ class AsyncStartedLocker:
                 return locker._release_failed(lease, error)
             raise error
 
-        started = self._started_call(RELEASE, [lease.key], [lease.token], bool, recover)
+        started = self._started_call(RELEASE, b":", [lease.key], [lease.token], bool, recover)
         if started is not None:
             locker._untrack(lease)
         return started
@@ -245,13 +302,15 @@ class AsyncStartedLocker:
     def _started_call(
         self,
         script: Lua,
+        kind: bytes,
         keys: list[str],
         args: list[str | int],
-        answered: Callable[[int], T],
+        answered: Callable[[Any], T],
         recover: Callable[[BaseException], Coroutine[Any, Any, T]],
     ) -> Outcome[T] | None:
-        """``script`` written now on the link's connection, its answer to ``answered``;
-        ``None``, with nothing done, when the link cannot take it at once."""
+        """``script`` written now on the link's connection, its answer (of ``kind``: see
+        :class:`_Call`) to ``answered``; ``None``, with nothing done, when the link cannot
+        take it at once."""
         locker: AsyncRedisLocker = self  # type: ignore[assignment]
         link = locker._link
         if not isinstance(link, AsyncLink):
@@ -259,18 +318,31 @@ class AsyncStartedLocker:
         transport = link.idle_transport()
         if transport is None:
             return None
-        call = _Call(link, transport, answered, recover)
+        call = _Call(link, transport, kind, answered, recover)
         call.start(pack(("EVALSHA", script.sha, len(keys), *keys, *args)), link.timeout)
         return call.outcome
 
 
 class _Untracked(Exception):
-    """A lease granted, then not tracked (its renewal could not start): given back."""
+    """Leases granted, then not tracked (their renewal could not start): given back."""
 
-    def __init__(self, lease: AsyncRedisLease, error: BaseException) -> None:
+    def __init__(self, leases: list[AsyncRedisLease], error: BaseException) -> None:
         super().__init__(str(error))
-        self.lease = lease
+        self.leases = leases
         self.error = error
+
+    async def give_back(self, locker: AsyncRedisLocker, ttl: float) -> NoReturn:
+        """Release the leases, then raise what stopped their tracking."""
+        await locker._give_back(*locker._given_back(self.leases), ttl)
+        raise self.error
+
+
+def _track(locker: AsyncRedisLocker, leases: list[AsyncRedisLease], start: float) -> None:
+    """Hold and renew ``leases``; should that fail, :class:`_Untracked` (see ``_hold``)."""
+    try:
+        locker._track(leases, start)
+    except BaseException as exc:
+        raise _Untracked(leases, exc) from exc
 
 
 class SyncStartedLease:

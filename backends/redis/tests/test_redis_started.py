@@ -22,6 +22,7 @@ from multilock.errors import BackendUnavailable, MultilockError
 from multilock.testing import TcpProxy, apoll
 from multilock_redis import AsyncRedisLease, AsyncRedisLocker, fence_key, lock_key
 from multilock_redis._async._lua import AsyncLink
+from multilock_redis._common import CHUNK
 
 TIMEOUT = 0.5  # the lockers' socket timeout here
 PROMPT = TIMEOUT + 1.0
@@ -81,6 +82,7 @@ def _no_task_path(locker: AsyncRedisLocker, monkeypatch: pytest.MonkeyPatch) -> 
         raise AssertionError("the task path was taken")
 
     monkeypatch.setattr(locker, "_try_acquire", refused)
+    monkeypatch.setattr(locker, "_try_acquire_many", refused)
     monkeypatch.setattr(locker, "_release_lease", refused)
 
 
@@ -113,6 +115,63 @@ def test_a_warm_cycle_is_started_without_a_task(
     _run(main)
 
 
+def test_a_warm_batch_is_started_without_a_task(
+    redis_url: str, admin: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        locker = await _warm(redis_url, name)
+        names = [f"{name}-{i}" for i in range(3)]
+        try:
+            async with multilock.connect_async(redis_url) as other:
+                elsewhere = _lease(await other.try_acquire(names[1]))
+                _no_task_path(locker, monkeypatch)
+                started = locker._start_try_acquire_many(names, 30.0)
+                assert isinstance(started, Outcome)
+                assert started.task is None
+                leases = await started
+                assert list(leases) == names
+                assert leases[names[1]] is None
+                for held in (names[0], names[2]):
+                    lease = _lease(leases[held])
+                    assert admin.get(lock_key(held, locker.prefix)) == lease.token.encode()
+                    assert await lease.release()
+                assert await elsewhere.release()
+            more = [f"{name}-more-{i}" for i in range(CHUNK + 1)]
+            assert locker._start_try_acquire_many(more, 30.0) is None  # pipelined instead
+            assert not locker._held
+        finally:
+            await locker.aclose()
+
+    _run(main)
+
+
+def test_a_grant_that_cannot_be_held_is_given_back(
+    redis_url: str, admin: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def main() -> None:
+        locker = await _warm(redis_url, name)
+        names = [f"{name}-{i}" for i in range(3)]
+        try:
+            monkeypatch.setattr(locker._renewer, "add", refuse)
+            for start in (
+                lambda: locker._start_try_acquire(name, 30.0),
+                lambda: locker._start_try_acquire_many(names, 30.0),
+            ):
+                started = start()
+                assert started is not None
+                with pytest.raises(RuntimeError, match="new thread"):
+                    await started
+            assert admin.exists(*[lock_key(n, locker.prefix) for n in [name, *names]]) == 0
+            assert not locker._held
+        finally:
+            await locker.aclose()
+
+    _run(main)
+
+
 def test_an_answer_arriving_in_pieces(
     redis_url: str, name: str, tcp_proxy: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,9 +181,12 @@ def test_an_answer_arriving_in_pieces(
         locker = await _warm(proxy.url(redis_url), name)
         try:
             _no_task_path(locker, monkeypatch)
-            proxy.trickle(0.005)  # ":<fence>\r\n" a byte at a time
+            proxy.trickle(0.005)  # ":<fence>\r\n", "$<size>\r\n<fences>\r\n" a byte at a time
             lease = _lease(await locker.try_acquire(name))
             assert await lease.release()
+            leases = await locker.try_acquire_many([f"{name}-{i}" for i in range(3)])
+            for granted in leases.values():
+                assert await _lease(granted).release()
         finally:
             proxy.trickle(None)
             await locker.aclose()
@@ -154,19 +216,26 @@ def test_a_cancelled_acquire_in_flight_leaves_nothing_held(
     _run(main)
 
 
-def test_the_server_lacking_the_script_loads_it(redis_url: str, admin: Any, name: str) -> None:
+def test_the_server_lacking_the_script_loads_it(throwaway_redis: Any, name: str) -> None:
+    # A server of its own: SCRIPT FLUSH would cost other tests a round trip.
     async def main() -> None:
-        locker = await _warm(redis_url, name)
+        admin = throwaway_redis.admin()
+        locker = await _warm(throwaway_redis.url, name)
         try:
-            admin.script_flush()
-            started = locker._start_try_acquire(name, 30.0)
-            assert started is not None  # sent at once, answered NOSCRIPT
-            lease = _lease(await started)
-            admin.script_flush()
-            assert await lease.release()
-            assert admin.exists(lock_key(name, locker.prefix)) == 0
-            assert locker._start_try_acquire(name, 30.0) is not None  # the link is free
+            for names in ([name], [f"{name}-{i}" for i in range(3)]):
+                admin.script_flush()
+                started = locker._start_try_acquire_many(names, 30.0)
+                assert started is not None  # sent at once, answered NOSCRIPT
+                leases = [_lease(lease) for lease in (await started).values()]
+                admin.script_flush()
+                for lease in leases:
+                    assert await lease.release()
+                assert admin.exists(*[lock_key(n, locker.prefix) for n in names]) == 0
+            started_again = locker._start_try_acquire(name, 30.0)
+            assert started_again is not None  # the link is free
+            assert await _lease(await started_again).release()
         finally:
+            admin.close()
             await locker.aclose()
 
     _run(main)
@@ -184,7 +253,10 @@ def test_an_error_answer_is_the_task_paths_error_and_keeps_the_connection(
             admin.rpush(fence_key(name, locker.prefix), "x")
             with pytest.raises(MultilockError, match="WRONGTYPE"):
                 await locker.try_acquire(name, ttl=60)
-            assert admin.exists(lock_key(name, locker.prefix)) == 0
+            with pytest.raises(MultilockError, match="WRONGTYPE"):
+                await locker.try_acquire_many([f"{name}-before", name], ttl=60)
+            keys = [lock_key(n, locker.prefix) for n in (f"{name}-before", name)]
+            assert admin.exists(*keys) == 0
             assert not locker._held
             admin.delete(fence_key(name, locker.prefix))
             # Nothing broke: the same connection answers the next call, started.

@@ -156,15 +156,12 @@ class _Call(asyncio.Protocol, Generic[T]):
             self.outcome.set_result(result)
 
     def eof_received(self) -> bool | None:
-        self._give_back()
-        kept = self._stream.eof_received()  # type: ignore[attr-defined]
-        self._fail(RedisConnectionError(_CLOSED), broken=True, given_back=True)
-        return bool(kept)
+        self._fail(RedisConnectionError(_CLOSED), broken=True)  # redis-py's protocol back
+        return bool(self._stream.eof_received())  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._give_back()
+        self._fail(exc or RedisConnectionError(_CLOSED), broken=True)
         self._stream.connection_lost(exc)
-        self._fail(exc or RedisConnectionError(_CLOSED), broken=True, given_back=True)
 
     def pause_writing(self) -> None:
         self._stream.pause_writing()
@@ -186,13 +183,11 @@ class _Call(asyncio.Protocol, Generic[T]):
             self._timer = None
         return True
 
-    def _fail(self, error: BaseException, *, broken: bool, given_back: bool = False) -> None:
+    def _fail(self, error: BaseException, *, broken: bool) -> None:
         """Hand over to the task path with ``error``, once: the connection dropped first
         if ``broken`` (what is on it is unknown), the gate held until then."""
-        if not self._give_back() and not given_back:
-            return  # handed over already
-        if self.outcome.done() or self.outcome.task is not None:
-            return
+        if not self._give_back():
+            return  # answered or handed over already
         settle_in_task(self.outcome, self._handed_over(error, broken), self._loop)
 
     async def _handed_over(self, error: BaseException, broken: bool) -> T:

@@ -66,8 +66,6 @@ _BINARY = (1,)
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _IDLE = pq.TransactionStatus.IDLE
-_SQLSTATE = pq.DiagnosticField.SQLSTATE
-_NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 
 
 def _numbered(text: str) -> str | None:
@@ -205,11 +203,11 @@ class _Call(Generic[T]):
                 result = pgconn.get_result()
                 if result is None:
                     break  # the whole answer is in: the connection is idle again
-                if result.status == _TUPLES_OK or result.status == _COMMAND_OK:
+                error = _error_of(result, self._statements.conn)
+                if error is None:
                     self._result = result
                 elif self._error is None:
-                    encoding = self._statements.conn.info.encoding
-                    self._error = psycopg.errors.error_from_result(result, encoding=encoding)
+                    self._error = error
             else:
                 return  # more to come
             _hand_notifies(pgconn)
@@ -489,11 +487,14 @@ class SyncStartedLocker:
         (param,) = params
         data = _INT8.pack(param) if plan.oid == _INT8_OID else bytes(param)
         result = _run(pgconn, plan, data)
-        if result.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
+        error = _error_of(result, conn)
+        if isinstance(error, psycopg.errors.InvalidSqlStatementName):
             # Deallocated on the session (by a DEALLOCATE or DISCARD ALL): nothing ran.
             session.prepare()
             result = _run(pgconn, plan, data)
-        _check(conn, result)
+            error = _error_of(result, conn)
+        if error is not None:
+            raise error
         return plan.load(result)
 
 
@@ -512,7 +513,10 @@ def _hand_notifies(pgconn: pq.abc.PGconn) -> None:
             handler(notify)
 
 
-def _check(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> None:
-    """Raise psycopg's error for a result that is not an answer."""
-    if result.status != _TUPLES_OK and result.status != _COMMAND_OK:
-        raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+def _error_of(
+    result: pq.abc.PGresult, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+) -> psycopg.Error | None:
+    """psycopg's error for a result that is not an answer; ``None`` for an answer."""
+    if result.status == _TUPLES_OK or result.status == _COMMAND_OK:
+        return None
+    return psycopg.errors.error_from_result(result, encoding=conn.info.encoding)

@@ -20,7 +20,7 @@ from ._locks.base import (
     ReleaseWatch,
     new_token,
 )
-from ._locks.mutex import AsyncMutex
+from ._locks.mutex import AsyncMutex, Mutex
 from ._locks.outcome import Outcome, finish_shielded, settle_in_task
 from ._locks.registry import ENTRY_POINT_GROUP
 from ._signal import LostSignal
@@ -45,6 +45,7 @@ __all__ = [
     "LockURL",
     "LockerBase",
     "LostSignal",
+    "Mutex",
     "OptionParser",
     "Outcome",
     "ReleaseWatch",

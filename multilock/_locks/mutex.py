@@ -1,13 +1,15 @@
-"""A mutex for the tasks sharing one session connection, that can be taken without
-awaiting: what a backend's started path (``_start_try_acquire``, ``_start_release``)
-needs, running outside any coroutine."""
+"""Mutexes for the callers sharing one session connection, each handed to the first
+waiter on release: :class:`AsyncMutex` for tasks, which can also be taken without
+awaiting (what a backend's started path, ``_start_try_acquire``, ``_start_release``,
+needs, running outside any coroutine), and :class:`Mutex` for threads."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 
-__all__ = ["AsyncMutex"]
+__all__ = ["AsyncMutex", "Mutex"]
 
 
 class AsyncMutex:
@@ -63,4 +65,62 @@ class AsyncMutex:
         await self.acquire()
 
     async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Mutex:
+    """Serializes the threads sharing one session connection: ``threading.Lock``'s
+    ``acquire`` and ``release`` (and ``with mutex:``), but a release hands it to the
+    first thread waiting, as :class:`AsyncMutex` does. With a plain lock, the thread that
+    lets go can take it straight back ahead of one that has waited: a caller whose call
+    a health check cut off, retrying at once on the same dead path, while the health
+    check, still waiting for the mutex, can no longer bound it (PostgreSQL's sync locker)."""
+
+    __slots__ = ("_guard", "_locked", "_waiters")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locked = False
+        # Each waiter's own lock, held until the mutex is handed over to it.
+        self._waiters: collections.deque[threading.Lock] = collections.deque()
+
+    def locked(self) -> bool:
+        """Whether someone holds it."""
+        return self._locked
+
+    def acquire(self) -> bool:
+        """Take it, waiting behind those already waiting if need be."""
+        with self._guard:
+            if not self._locked:
+                self._locked = True
+                return True
+            waiter = threading.Lock()
+            waiter.acquire()
+            self._waiters.append(waiter)
+        try:
+            waiter.acquire()  # released by the release() that hands it over
+        except BaseException:
+            with self._guard:
+                try:
+                    self._waiters.remove(waiter)
+                    handed = False
+                except ValueError:
+                    handed = True
+            if handed:  # it was ours in the meantime: pass it on
+                self.release()
+            raise
+        return True
+
+    def release(self) -> None:
+        """Hand it to the first thread waiting, else free it."""
+        with self._guard:
+            if self._waiters:
+                self._waiters.popleft().release()
+            else:
+                self._locked = False
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
         self.release()

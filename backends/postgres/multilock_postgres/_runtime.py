@@ -18,14 +18,13 @@ import sys
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import psycopg
 
 from multilock import advisory_key
-from multilock.backend import AsyncMutex
+from multilock.backend import AsyncMutex, Mutex
 
 __all__ = [
     "AsyncDeadline",
@@ -43,62 +42,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("multilock.postgres")
-
-
-class Mutex:
-    """Serializes the threads sharing one session connection: ``threading.Lock``'s
-    ``acquire`` and ``release``, but a release hands it to the first thread waiting, as
-    :class:`~multilock.backend.AsyncMutex` does. With a plain lock, a caller whose call
-    the health check cut off could take it straight back and hang on the same dead
-    path, while the health check, still waiting for it, could never bound that call."""
-
-    __slots__ = ("_guard", "_locked", "_waiters")
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locked = False
-        self._waiters: deque[threading.Lock] = deque()  # each held until handed over
-
-    def locked(self) -> bool:
-        """Whether someone holds it."""
-        return self._locked
-
-    def acquire(self) -> bool:
-        """Take it, waiting behind those already waiting if need be."""
-        with self._guard:
-            if not self._locked:
-                self._locked = True
-                return True
-            waiter = threading.Lock()
-            waiter.acquire()
-            self._waiters.append(waiter)
-        try:
-            waiter.acquire()  # released by the release() that hands it over
-        except BaseException:
-            with self._guard:
-                try:
-                    self._waiters.remove(waiter)
-                    handed = False
-                except ValueError:
-                    handed = True
-            if handed:  # it was ours in the meantime: pass it on
-                self.release()
-            raise
-        return True
-
-    def release(self) -> None:
-        """Hand it to the first thread waiting, else free it."""
-        with self._guard:
-            if self._waiters:
-                self._waiters.popleft().release()
-            else:
-                self._locked = False
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 class Ticker:

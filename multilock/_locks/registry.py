@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
-from importlib.metadata import entry_points
 from typing import Any
 
 from .._url import LockURL
@@ -33,6 +33,11 @@ _EXTRAS = {
     "mariadb": "mysql",
 }
 
+# The core's own backends (entry points too, for listings): found without importing
+# importlib.metadata and reading every installed distribution's entry points, which
+# costs more than the demo's whole run and keeps thousands of objects alive.
+_BUILTIN = {"memory": "multilock._locks.memory", "file": "multilock._locks.file"}
+
 _registered: dict[str, Backend] = {}
 _loaded: dict[str, Backend] = {}
 _guard = threading.Lock()
@@ -53,6 +58,14 @@ def register_backend(scheme: str, backend: Backend) -> None:
         _registered[scheme.lower()] = backend
 
 
+def entry_points(*, group: str, name: str | None = None) -> Any:
+    """The installed entry points of ``group`` (named ``name``): importlib.metadata's,
+    imported on first use (see ``_BUILTIN``)."""
+    from importlib.metadata import entry_points as installed
+
+    return installed(group=group) if name is None else installed(group=group, name=name)
+
+
 def installed_schemes() -> list[str]:
     """Every scheme a URL may use here: entry points and registered backends."""
     found = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
@@ -66,6 +79,10 @@ def backend_for(scheme: str) -> Backend:
     if backend is not None:
         return backend
     with _guard:
+        if scheme in _BUILTIN:
+            builtin: Backend = importlib.import_module(_BUILTIN[scheme]).backend
+            _loaded[scheme] = builtin
+            return builtin
         for ep in entry_points(group=ENTRY_POINT_GROUP, name=scheme):
             try:
                 loaded: Any = ep.load()

@@ -17,8 +17,6 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
-from croniter import CroniterBadDateError, croniter
-
 from .._durations import Duration, parse_duration
 from ..errors import ConfigurationError
 from .walltime import local_naive, resolve_wall_time
@@ -198,6 +196,8 @@ class CronTrigger(_WallTrigger):
         return [wall.replace(tzinfo=UTC) for wall, _ in zip(walls, range(count), strict=False)]
 
     def _walls_after(self, wall: datetime) -> Iterable[datetime]:
+        from croniter import CroniterBadDateError, croniter
+
         it = croniter(self.expr, wall, second_at_beginning=self.seconds)
         try:
             for _ in range(_MAX_CRON_STEPS):
@@ -264,6 +264,10 @@ def parse_cron(expr: str, *, seconds: bool, flag: str) -> CronTrigger:
     shared = _CRONS.get((normal, seconds))
     if shared is not None:
         return shared
+    # Imported here, not with the module: most schedulers hold no cron job, and croniter
+    # (with dateutil) is a tenth of what ``import multilock`` would load and keep.
+    from croniter import croniter
+
     if not croniter.is_valid(text, second_at_beginning=seconds):
         raise ConfigurationError(f"invalid cron expression {expr!r}: {_why(fields, seconds)}")
     trigger = _CRONS[(normal, seconds)] = CronTrigger(normal, seconds)
@@ -276,6 +280,8 @@ _CRONS: weakref.WeakValueDictionary[tuple[str, bool], CronTrigger] = weakref.Wea
 
 def _why(fields: list[str], seconds: bool) -> str:
     """Which field of an expression croniter refuses, and why."""
+    from croniter import croniter
+
     specs = (_SECOND, *_FIELDS) if seconds else _FIELDS
     for index, ((name, low, high), text) in enumerate(zip(specs, fields, strict=True)):
         alone = ["*"] * len(fields)

@@ -43,7 +43,7 @@ from multilock.backend import AsyncLeaseBase, AsyncLockerBase, Outcome, settle_i
 from ._async._lua import AsyncLink
 from ._common import CHUNK, expiry
 from ._errors import REDIS_ERRORS, translate
-from ._scripts import ACQUIRE, ACQUIRE_MANY, RELEASE, Lua, parse_fences
+from ._scripts import ACQUIRE, ACQUIRE_MANY, RELEASE, Lua
 from ._wire import pack
 
 try:  # redis-py's table of error answers to its exceptions (READONLY, NOSCRIPT, ...)
@@ -256,11 +256,7 @@ class AsyncStartedLocker:
         def answered(answer: bytes) -> dict[str, AsyncLeaseBase | None]:
             result: dict[str, AsyncLeaseBase | None] = dict.fromkeys(names)
             granted: list[AsyncRedisLease] = []
-            for j, fence in enumerate(parse_fences(answer)):
-                if fence:
-                    lease = locker._lease(names[j], keys[2 * j], tokens[j], fence, ttl, expires_at)
-                    granted.append(lease)
-                    result[names[j]] = lease
+            locker._grant(made[0], answer, ttl, expires_at, result, granted)
             _track(locker, granted, start)
             return result
 

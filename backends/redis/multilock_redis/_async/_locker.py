@@ -95,6 +95,27 @@ class AsyncRedisLocker(AsyncStartedLocker, RedisLockerCommon, AsyncLockerBase):
         """The lease an acquire was granted (not tracked yet)."""
         return AsyncRedisLease(self, name, key, token, fence, ttl, expires_at)
 
+    def _grant(
+        self,
+        made: tuple[list[str], list[str], list[str]],
+        answer: bytes | str,
+        ttl: float,
+        expires_at: datetime,
+        result: dict[str, AsyncLeaseBase | None],
+        granted: list[AsyncRedisLease],
+    ) -> None:
+        """The leases one ACQUIRE_MANY call's ``answer`` grants, its names, keys and
+        tokens ``made`` (see ``_acquire_requests``): each to ``granted``, and to
+        ``result`` under its name."""
+        chunk, keys, tokens = made
+        for j, fence in enumerate(parse_fences(answer)):
+            if fence:
+                lease = AsyncRedisLease(
+                    self, chunk[j], keys[2 * j], tokens[j], fence, ttl, expires_at
+                )
+                granted.append(lease)
+                result[chunk[j]] = lease
+
     async def _try_acquire_many(
         self, names: list[str], ttl: float
     ) -> dict[str, AsyncLeaseBase | None]:
@@ -110,14 +131,7 @@ class AsyncRedisLocker(AsyncStartedLocker, RedisLockerCommon, AsyncLockerBase):
 
         def answered(i: int, answer: bytes | str) -> None:
             answered_calls.add(i)
-            chunk, keys, tokens = made[i]
-            for j, fence in enumerate(parse_fences(answer)):
-                if fence:
-                    lease = AsyncRedisLease(
-                        self, chunk[j], keys[2 * j], tokens[j], fence, ttl, expires_at
-                    )
-                    granted.append(lease)
-                    result[chunk[j]] = lease
+            self._grant(made[i], answer, ttl, expires_at, result, granted)
 
         try:
             if self._wait is None:

@@ -37,9 +37,10 @@ def _failure(url: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
     The budget is the suite's, except that the search may go on for longer (it stops
     at the first failure: a defect found only now and then would make this test
-    flaky) and shrinking is cut shorter (the report must still be minimal).
+    flaky). Shrinking gets the suite's own time: cut to 8 s, it left histories of 7
+    steps now and then on a slower host.
     """
-    budget = dataclasses.replace(model.EXPIRING_BUDGET, seconds=60.0, shrink_seconds=8.0)
+    budget = dataclasses.replace(model.EXPIRING_BUDGET, seconds=60.0)
     monkeypatch.setattr(model, "EXPIRING_BUDGET", budget)
     with pytest.raises(AssertionError) as caught:
         Harness(url, kind).run(model_checked_history)
@@ -67,12 +68,16 @@ def test_stale_extend_is_caught(toy: str, monkeypatch: pytest.MonkeyPatch) -> No
     name granted to another acquire, missing from locks(), or, if another locker took
     it first, the extend that should have raised LockLost."""
     report = _failure(f"{toy}?flaw=stale-extend", "sync", monkeypatch)
-    lies = ("must raise LockLost", "which lease0 holds")
-    assert any(lie in report for lie in lies), report
+    # Which lease lies depends on the history found: lease0, or lease1 of a batch.
+    lies = (r"must raise LockLost", r"which lease\d+ holds")
+    assert any(re.search(lie, report) for lie in lies), report
     steps = _steps(report)
-    assert len(steps) <= 5, report
+    # Minimal for the path found, which varies: an acquire, the time, the extend and
+    # the other grant (4 lines), or through a close and a batch (7; a batch lists a
+    # line a name).
+    assert len(steps) <= 8, report
     assert any("pass, to past every expiry" in step for step in steps), report
-    assert any(re.match(r"lease0\.extend\([\d.]*\) -> ok", step) for step in steps), report
+    assert any(re.match(r"lease\d+\.extend\([\d.]*\) -> ok", step) for step in steps), report
 
 
 @pytest.mark.slow
@@ -81,4 +86,7 @@ def test_per_process_tokens_are_caught(toy: str, monkeypatch: pytest.MonkeyPatch
     same token, which the check sees at the first such grant."""
     report = _failure(f"{toy}?flaw=process-tokens", "async", monkeypatch)
     assert re.search(r"owner token '\d+' was handed out before, to lease\d+ \(L\d\)", report)
-    assert len(_steps(report)) <= 2, report
+    # The clash is with a token of an earlier history: the steps that move a process's
+    # token counter to it stay (each one left out, the failure goes away), so the
+    # history is short but not always one grant (seen: 1 to 5 steps).
+    assert len(_steps(report)) <= 6, report

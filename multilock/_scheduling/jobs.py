@@ -250,17 +250,27 @@ def current_run() -> RunContext:
         raise RuntimeError("current_run() called outside a job run by a Scheduler") from None
 
 
+def run_context(run: RunContext) -> contextvars.Context:
+    """A copy of the current context in which :func:`current_run` is ``run``: where
+    the run's body runs."""
+    context = contextvars.copy_context()
+    context.run(_current.set, run)
+    return context
+
+
 def start_run(
     job: Job,
     run: RunContext,
     executor: Executor | None = None,
     started: Callable[[], object] | None = None,
+    context: contextvars.Context | None = None,
 ) -> asyncio.Future[Any]:
     """Start ``job`` with ``run`` as its context: a task, or for a sync job a call on
     ``executor``'s worker threads, which calls ``started()`` there as the body starts
-    (it may wait for a free thread first) -- unless the run was cancelled meanwhile."""
-    context = contextvars.copy_context()
-    context.run(_current.set, run)
+    (it may wait for a free thread first) -- unless the run was cancelled meanwhile.
+    ``context``: the run's :func:`run_context`, if made already."""
+    if context is None:
+        context = run_context(run)
     loop = asyncio.get_running_loop()
     if job.is_async:
         # Named after its job: what a dump of the loop's tasks shows, and a task without

@@ -63,6 +63,11 @@ class FireQueue(Generic[T]):
             del self._buckets[heapq.heappop(times)]  # every item moved away or dropped
         return None
 
+    def count_at(self, when: float) -> int:
+        """How many items are due at ``when`` exactly."""
+        bucket = self._buckets.get(when)
+        return 0 if bucket is None else len(bucket)
+
     def pop_due(self, now: float) -> list[T]:
         """The items due at ``now`` or before, earliest first, taken out of the queue."""
         times, when, items = self._times, self._when, self._items

@@ -43,12 +43,13 @@ def begin(
     run: RunContext,
     executor: Executor | None = None,
     started: Callable[[], object] | None = None,
+    context: contextvars.Context | None = None,
 ) -> asyncio.Future[Any]:
     """Start ``job``'s body now (a task, or on ``executor``'s worker threads for sync
     jobs, calling ``started()`` there as it starts); a failure to call it (its
     arguments) comes back as a failed future, reported as ``failed``."""
     try:
-        return start_run(job, run, executor, started)
+        return start_run(job, run, executor, started, context)
     except Exception as exc:
         failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         failed.set_exception(exc)

@@ -10,6 +10,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -44,6 +45,7 @@ from .jobs import (
     RunContext,
     hold_span,
     make_job,
+    run_context,
     validate_schedule,
 )
 from .leadership import Campaign, keep_alive, needs_keep_alive
@@ -71,6 +73,13 @@ are answers); taken and released at once."""
 _PROBE_TIMEOUT = 10.0  # seconds a probe may wait for its answer (real time)
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 10.0  # the pauses of wait_for_backend, doubling
 _HOLDING, _STARTED = RunState.HOLDING, EventKind.STARTED  # read per run: see runs.py
+# A burst: at least this many jobs due at one instant are prepared ahead of it (their
+# ticks claimed, their locks taken), _LEAD_PER_JOB seconds each plus the backend's
+# answer time, at most _MAX_LEAD; their bodies start at the instant (see _arm).
+_BURST = 50
+_LEAD_PER_JOB = 20e-6
+_MAX_LEAD = 0.5
+_LEAD_GRID = 0.005
 
 
 @dataclass(slots=True)
@@ -182,6 +191,8 @@ _Tick = RunLifecycle["_JobState"]
 """One tick of one job, and its run's life."""
 _Start = tuple[_Tick, AsyncLease | None, LostSignal | None, int | None]
 """A run to start: the tick, its lease, the signal that cancels it, the fencing token."""
+_Made = tuple[list[RunContext], list[contextvars.Context]]
+"""The run contexts of runs prepared ahead, and the contexts their bodies will run in."""
 
 
 class Scheduler(Service):
@@ -315,7 +326,13 @@ class Scheduler(Service):
         # once, so a wake makes no object but the loop's timer handle.
         self._timer: Cancellable | None = None
         self._timer_due: float | None = None
+        self._timer_wake: float | None = None  # _timer_due, or earlier: see _arm
         self._wake = self._on_timer
+        # The last burst prepared ahead: the jobs still due then fire on time, not ahead.
+        self._prepared_until = -math.inf
+        # How long the backend took to answer a tick's claims and locks (moving averages,
+        # seconds): a burst is prepared that much earlier.
+        self._claim_wait = self._lock_wait = 0.0
         self._stopping = False
         self._leadership = (
             Campaign(
@@ -737,14 +754,38 @@ class Scheduler(Service):
     # second). Only a lock round trip that cannot be answered at once gets a task.
 
     def _arm(self) -> None:
-        """Arm the timer for the earliest queued job (if not armed for it already)."""
+        """Arm the timer for the earliest queued job (if not armed for it already).
+
+        A burst (``_BURST`` jobs or more due at one instant) wakes the scheduler ahead
+        of its instant, by :meth:`_lead`: its ticks are claimed, its locks taken and
+        its runs made by then, and the bodies start at the instant (never before it).
+        Without it the last body of a thousand due at once would wait for every
+        other job's bookkeeping, and for the backend's answer.
+        """
         deadline = None if self._stopping else self._queue.earliest()
-        if self._timer is not None and self._timer_due == deadline:
-            return
+        wake = deadline
+        if deadline is not None and deadline > self._prepared_until:
+            count = self._queue.count_at(deadline)
+            if count >= _BURST:
+                wake = deadline - self._lead(count)
+        if (
+            self._timer is not None
+            and self._timer_due == deadline
+            and wake is not None
+            and self._timer_wake is not None
+            and self._timer_wake <= wake
+        ):
+            return  # armed for it, early enough
         self._disarm()
-        if deadline is not None:
-            self._timer_due = deadline
-            self._timer = call_at(self.clock, deadline, self._wake, self._run_host.context)
+        if deadline is not None and wake is not None:
+            self._timer_due, self._timer_wake = deadline, wake
+            self._timer = call_at(self.clock, wake, self._wake, self._run_host.context)
+
+    def _lead(self, count: int) -> float:
+        """How long before ``count`` jobs due at one instant the scheduler prepares them."""
+        lead = count * _LEAD_PER_JOB + self._claim_wait + self._lock_wait
+        # On a grid: jobs added one by one re-arm the timer once a step, not once a job.
+        return min(_MAX_LEAD, math.ceil(lead / _LEAD_GRID) * _LEAD_GRID)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -763,13 +804,23 @@ class Scheduler(Service):
 
     def _fire_due(self) -> None:
         now = self.clock.now()
+        horizon = self._timer_due
+        if horizon is None or horizon <= now:
+            horizon = now
+        else:  # woken ahead of a burst: see _arm
+            self._prepared_until = horizon
         batch: list[_Tick] = []
-        for state in self._queue.pop_due(now):
+        held: list[_Start] = []  # ticks run under the lease their previous tick holds
+        for state in self._queue.pop_due(horizon):
             job = state.job
             if self._states.get(job.name) is not state:
                 continue  # removed since it was queued
             first_at = state.next_at
-            fires = self._pop_due(state, now)
+            if first_at > now and (not state.ready or state.waiting):
+                # Busy now, maybe not at its fire time: decided then (on time, not ahead).
+                self._queue.put(job.name, first_at, state)
+                continue
+            fires = self._pop_due(state, horizon)
             self._enqueue(state)
             if not fires:
                 continue
@@ -781,7 +832,7 @@ class Scheduler(Service):
             ):
                 # The common case, without the lists below: one tick, on time, job idle.
                 due = RunLifecycle(job, fires[0], state, first_at)
-                if not self._continue_hold(due):
+                if not self._continue_hold(due, held):
                     state.claim(due)
                     batch.append(due)
                 continue
@@ -805,19 +856,25 @@ class Scheduler(Service):
                     self._emit(EventKind.SKIPPED_OVERLAP, job, fire, reason="still running")
                 elif i > 0 or not state.ready or state.waiting:
                     self._spawn(self._after_previous(due))
-                elif not self._continue_hold(due):
+                elif not self._continue_hold(due, held):
                     state.claim(due)  # now: the run starts on a later loop turn
                     batch.append(due)
+        self._launch(held)
         if batch:
             self._start_batch(batch)
 
-    def _continue_hold(self, due: _Tick) -> bool:
+    def _continue_hold(self, due: _Tick, into: list[_Start] | None = None) -> bool:
         """If this replica still holds the job's lease from the previous tick, run this
-        tick under it: nobody else can have run it, and no release/acquire can race."""
+        tick under it: nobody else can have run it, and no release/acquire can race.
+        Started now, or added to ``into`` to be started with the other ticks due."""
         lease = due.job_state.take_hold(due)
         if lease is None:
             return False
-        self._launch([(due, lease, lease.lost, lease.fencing_token)])
+        start = (due, lease, lease.lost, lease.fencing_token)
+        if into is None:
+            self._launch([start])
+        else:
+            into.append(start)
         return True
 
     def _pop_due(self, state: _JobState, now: float) -> list[datetime]:
@@ -910,6 +967,7 @@ class Scheduler(Service):
         started: asyncio.Future[Mapping[str, AsyncLease | None]] | None,
     ) -> None:
         leases: Mapping[str, AsyncLease | None]
+        asked = time.perf_counter()
         try:
             if started is None:
                 leases = await self._locker.try_acquire_many(names, ttl=ttl)
@@ -918,6 +976,7 @@ class Scheduler(Service):
         except Exception as exc:
             self._lock_failed(shared, exc)
             return
+        self._lock_wait = _average(self._lock_wait, time.perf_counter() - asked)
         self._launch(self._granted(shared, leases))
 
     def _claim_then_lock(self, shared: list[_Tick]) -> None:
@@ -945,11 +1004,13 @@ class Scheduler(Service):
         ticks: dict[str, datetime],
         started: asyncio.Future[Mapping[str, bool]] | None,
     ) -> None:
+        asked = time.perf_counter()
         try:
             won = await (self._claims.claim(ticks) if started is None else started)
         except Exception as exc:
             self._claim_failed(shared, exc)
             return
+        self._claim_wait = _average(self._claim_wait, time.perf_counter() - asked)
         self._claimed(shared, won)
 
     def _claim_failed(self, shared: list[_Tick], exc: BaseException) -> None:
@@ -1032,26 +1093,42 @@ class Scheduler(Service):
                 runs.append((due, lease, lease.lost, lease.fencing_token))
         return runs
 
-    def _launch(self, runs: list[_Start]) -> None:
+    def _launch(self, runs: list[_Start], made: _Made | None = None) -> None:
         """Start the bodies of ``runs``, then watch them (:class:`~multilock._scheduling.runs.Run`):
         every body is queued on the loop before any run's bookkeeping, so the last of
-        many jobs due at one instant does not wait for every other job's."""
+        many jobs due at one instant does not wait for every other job's. A run
+        prepared ahead of its fire time starts at it (:meth:`_launch_at`); ``made``:
+        the runs' contexts, made then."""
         if not runs:
             return
+        now = self.clock.now()
+        for start in runs:
+            if start[0].at > now:
+                runs = self._launch_later(runs, now)
+                if not runs:
+                    return
+                break
         begun: list[tuple[RunContext, asyncio.Future[Any], float | None, _Starting | None]] = []
         report = wanted(_STARTED, self._listeners)  # asked once, not per run
         loop = asyncio.get_running_loop()
+        runs_made = contexts_made = None
+        if made is not None:
+            runs_made, contexts_made = iter(made[0]), iter(made[1])
+        context = None
         for due, _, _, token in runs:
             due.start()
-            run = RunContext(due.job.name, due.fire, self.replica_id, token)
+            if runs_made is None or contexts_made is None:
+                run = RunContext(due.job.name, due.fire, self.replica_id, token)
+            else:
+                run, context = next(runs_made), next(contexts_made)
             if not due.job.is_async:  # started (and reported) when a worker thread runs it
                 cell = _Starting(loop, self.clock)
-                begun.append((run, self._submit(due, run, cell), None, cell))
+                begun.append((run, self._submit(due, run, cell, context), None, cell))
                 continue
             now = self.clock.now()
             if report:
                 self._emit(_STARTED, due.job, due.fire, delay=now - due.at)
-            begun.append((run, begin(due.job, run), now, None))
+            begun.append((run, begin(due.job, run, context=context), now, None))
         extend = self._keep_alive
         for (due, lease, lost, _), (run, body, started, starting) in zip(runs, begun, strict=True):
             keepalive = (
@@ -1065,7 +1142,54 @@ class Scheduler(Service):
                 starting.run = watched
             watched.start(keepalive)
 
-    def _submit(self, due: _Tick, run: RunContext, starting: _Starting) -> asyncio.Future[Any]:
+    def _launch_later(self, runs: list[_Start], now: float) -> list[_Start]:
+        """Of ``runs``, those due by ``now`` (returned); the others start at their fire
+        times, one task for the runs of each, their run contexts made now (work, and
+        objects for the garbage collector, taken out of the instant)."""
+        early: dict[float, tuple[list[_Start], _Made]] = {}
+        due_now: list[_Start] = []
+        for start in runs:
+            due = start[0]
+            at = due.at
+            if at <= now:
+                due_now.append(start)
+                continue
+            group = early.get(at)
+            if group is None:
+                group = early[at] = ([], ([], []))
+            run = RunContext(due.job.name, due.fire, self.replica_id, start[3])
+            group[0].append(start)
+            group[1][0].append(run)
+            group[1][1].append(run_context(run))
+        for at, (starts, made) in early.items():
+            self._spawn(self._launch_at(at, starts, made))
+        return due_now
+
+    async def _launch_at(self, at: float, runs: list[_Start], made: _Made) -> None:
+        """Start ``runs`` once the clock reads ``at``; at a stop meanwhile, none of them
+        (their leases are in ``_held``: the stop releases them)."""
+        try:
+            await self.clock.sleep_until(at)
+        except asyncio.CancelledError:
+            self._abandon(runs)
+            raise
+        if self._stopping:
+            self._abandon(runs)
+        else:
+            self._launch(runs, made)
+
+    def _abandon(self, runs: list[_Start]) -> None:
+        for due, _, _, _ in runs:
+            due.job_state.settle(due)
+            due.abandon()
+
+    def _submit(
+        self,
+        due: _Tick,
+        run: RunContext,
+        starting: _Starting,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Future[Any]:
         """Start a sync job's body on the pool; a run that must wait for a free worker
         thread is counted, and the first of a crowd logged."""
         if self._pool is None:
@@ -1085,7 +1209,7 @@ class Scheduler(Service):
                 )
         elif self._crowded.current is not None:
             self._crowded.clear("worker threads free again")
-        body = begin(due.job, run, self._pool, starting)
+        body = begin(due.job, run, self._pool, starting, context)
         body.add_done_callback(self._worker_free)
         return body
 
@@ -1251,6 +1375,12 @@ class Scheduler(Service):
             kind, job.name, fire, self.replica_id, duration, delay, error, reason, path
         )
         emit(event, self._listeners, logged=logged)
+
+
+def _average(average: float, sample: float) -> float:
+    """A moving average of a backend's answer times, that follows a slower backend
+    within a few answers."""
+    return sample if average == 0.0 else 0.75 * average + 0.25 * sample
 
 
 class _Starting:

@@ -156,11 +156,11 @@ CATALOGUE: tuple[Mutant, ...] = (
         _SCHEDULER,
         (
             (
-                "                if not self._continue_hold(due):\n"
+                "                if not self._continue_hold(due, held):\n"
                 "                    state.claim(due)\n"
                 "                    batch.append(due)\n"
                 "                continue\n",
-                "                if not self._continue_hold(due):\n"
+                "                if not self._continue_hold(due, held):\n"
                 "                    batch.append(due)\n"
                 "                continue\n",
             ),
@@ -303,6 +303,42 @@ CATALOGUE: tuple[Mutant, ...] = (
             (
                 "if job.coalesce and len(fresh) > 1 and not self._claiming(job):",
                 "if job.coalesce and len(fresh) > 1:",
+            ),
+        ),
+    ),
+    # --- bursts prepared ahead of their instant -------------------------------------------
+    Mutant(
+        "burst-starts-when-prepared",
+        "the bodies of a burst start when it is prepared, before their fire time",
+        _SCHEDULER,
+        (
+            (
+                "            if start[0].at > now:\n                runs = self._launch_later",
+                "            if False:\n                runs = self._launch_later",
+            ),
+        ),
+    ),
+    Mutant(
+        "busy-job-prepared-ahead",
+        "a job still running when its burst is prepared is decided then, not at its"
+        " fire time: skipped as overlapping though its run ends before it",
+        _SCHEDULER,
+        (
+            (
+                "            if first_at > now and (not state.ready or state.waiting):\n",
+                "            if False:\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "prepared-runs-start-after-stop",
+        "a burst prepared before a stop still starts its bodies at its instant",
+        _SCHEDULER,
+        (
+            (
+                "        if self._stopping:\n            self._abandon(runs)\n        else:\n"
+                "            self._launch(runs)\n",
+                "        self._launch(runs)\n",
             ),
         ),
     ),

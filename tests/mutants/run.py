@@ -4,10 +4,11 @@ Usage: ``python tests/mutants/run.py [--jobs N] [NAME ...]``
 
 Each mutant is applied to a copy of the tree (``multilock/``, ``tests/``, the pytest
 configuration) in a temporary directory, where the fast tests run against it: the
-scheduler's unit tests (tick claims' too), the triggers' and the simulation (fewer scenarios, no
-shrinking: the first failure is enough). The unmutated copy runs first and must pass,
-so that a mutant is only "caught" by tests that pass without it. Exit status 0 when
-every mutant was caught; 1 when one survived, or a target text was not found.
+scheduler's unit tests (tick claims' and bursts' too), the triggers' and the simulation
+(fewer scenarios, no shrinking: the first failure is enough). The unmutated copy runs
+first and must pass, so that a mutant is only "caught" by tests that pass without it.
+Exit status 0 when every mutant was caught; 1 when one survived, or a target text was
+not found.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tests.mutants.catalogue import CATALOGUE, Drift, Mutant, apply  # noqa: E40
 
 FAST_TESTS = (
     "tests/test_scheduler.py",
+    "tests/test_bursts.py",
     "tests/test_tick_claims.py",
     "tests/test_triggers.py",
     "tests/sim",

@@ -337,8 +337,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         (
             (
                 "        if self._stopping:\n            self._abandon(runs)\n        else:\n"
-                "            self._launch(runs)\n",
-                "        self._launch(runs)\n",
+                "            self._launch(runs, made)\n",
+                "        self._launch(runs, made)\n",
             ),
         ),
     ),

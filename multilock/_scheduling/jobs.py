@@ -258,6 +258,11 @@ def run_context(run: RunContext) -> contextvars.Context:
     return context
 
 
+def run_in(context: contextvars.Context) -> RunContext:
+    """The run whose :func:`run_context` ``context`` is."""
+    return context[_current]
+
+
 def start_run(
     job: Job,
     run: RunContext,

@@ -46,6 +46,7 @@ from .jobs import (
     hold_span,
     make_job,
     run_context,
+    run_in,
     validate_schedule,
 )
 from .leadership import Campaign, keep_alive, needs_keep_alive
@@ -191,8 +192,8 @@ _Tick = RunLifecycle["_JobState"]
 """One tick of one job, and its run's life."""
 _Start = tuple[_Tick, AsyncLease | None, LostSignal | None, int | None]
 """A run to start: the tick, its lease, the signal that cancels it, the fencing token."""
-_Made = tuple[list[RunContext], list[contextvars.Context]]
-"""The run contexts of runs prepared ahead, and the contexts their bodies will run in."""
+_Made = list[contextvars.Context]
+"""The contexts that runs prepared ahead will run in, each with its run context set."""
 
 
 class Scheduler(Service):
@@ -326,7 +327,7 @@ class Scheduler(Service):
         # once, so a wake makes no object but the loop's timer handle.
         self._timer: Cancellable | None = None
         self._timer_due: float | None = None
-        self._timer_wake: float | None = None  # _timer_due, or earlier: see _arm
+        self._timer_wake = math.inf  # _timer_due, or earlier: see _arm
         self._wake = self._on_timer
         # The last burst prepared ahead: the jobs still due then fire on time, not ahead.
         self._prepared_until = -math.inf
@@ -763,23 +764,19 @@ class Scheduler(Service):
         other job's bookkeeping, and for the backend's answer.
         """
         deadline = None if self._stopping else self._queue.earliest()
+        if deadline is None:
+            self._disarm()
+            return
         wake = deadline
-        if deadline is not None and deadline > self._prepared_until:
+        if deadline > self._prepared_until:
             count = self._queue.count_at(deadline)
             if count >= _BURST:
                 wake = deadline - self._lead(count)
-        if (
-            self._timer is not None
-            and self._timer_due == deadline
-            and wake is not None
-            and self._timer_wake is not None
-            and self._timer_wake <= wake
-        ):
+        if self._timer is not None and self._timer_due == deadline and self._timer_wake <= wake:
             return  # armed for it, early enough
         self._disarm()
-        if deadline is not None and wake is not None:
-            self._timer_due, self._timer_wake = deadline, wake
-            self._timer = call_at(self.clock, wake, self._wake, self._run_host.context)
+        self._timer_due, self._timer_wake = deadline, wake
+        self._timer = call_at(self.clock, wake, self._wake, self._run_host.context)
 
     def _lead(self, count: int) -> float:
         """How long before ``count`` jobs due at one instant the scheduler prepares them."""
@@ -1111,16 +1108,15 @@ class Scheduler(Service):
         begun: list[tuple[RunContext, asyncio.Future[Any], float | None, _Starting | None]] = []
         report = wanted(_STARTED, self._listeners)  # asked once, not per run
         loop = asyncio.get_running_loop()
-        runs_made = contexts_made = None
-        if made is not None:
-            runs_made, contexts_made = iter(made[0]), iter(made[1])
+        contexts = None if made is None else iter(made)
         context = None
         for due, _, _, token in runs:
             due.start()
-            if runs_made is None or contexts_made is None:
+            if contexts is None:
                 run = RunContext(due.job.name, due.fire, self.replica_id, token)
             else:
-                run, context = next(runs_made), next(contexts_made)
+                context = next(contexts)
+                run = run_in(context)
             if not due.job.is_async:  # started (and reported) when a worker thread runs it
                 cell = _Starting(loop, self.clock)
                 begun.append((run, self._submit(due, run, cell, context), None, cell))
@@ -1156,11 +1152,10 @@ class Scheduler(Service):
                 continue
             group = early.get(at)
             if group is None:
-                group = early[at] = ([], ([], []))
+                group = early[at] = ([], [])
             run = RunContext(due.job.name, due.fire, self.replica_id, start[3])
             group[0].append(start)
-            group[1][0].append(run)
-            group[1][1].append(run_context(run))
+            group[1].append(run_context(run))
         for at, (starts, made) in early.items():
             self._spawn(self._launch_at(at, starts, made))
         return due_now

@@ -17,6 +17,11 @@ skew tolerance, and the middle replica's clock jumping 2 I forward mid-run, then
 every (job, tick) once. The control runs the same fleet on a backend without claims
 (etcd), where ticks run twice, as documented.
 
+The burst variants run 60 jobs due on each whole second, more than the scheduler
+prepares ahead from (claimed and locked before the instant, bodies started at it): on
+the claim path and on the hold path, every (job, tick) once. Every fleet of three
+replicas checks that no body started before its tick by its own replica's clock.
+
 The selected fleets run side by side, ``FLEETS_AT_ONCE`` at a time (the ``fleets``
 fixture), each test then waits for its own: the fleets spend their ticks of real time
 mostly waiting.
@@ -39,6 +44,7 @@ from pathlib import Path
 import pytest
 
 import multilock
+import multilock._scheduling.scheduler as scheduling
 from multilock._locks.registry import backend_for
 from multilock.backend import LockURL
 
@@ -81,8 +87,10 @@ class Fleet:
         timing: tuple[float, ...] = (SKEW_TOLERANCE, MISFIRE_GRACE, LEASE_TTL, LEADER_POLL),
         extras: bool = False,
         options: tuple[tuple[str, ...], ...] = (),
+        jobs: int = JOBS,
     ) -> None:
         self.url = url
+        self.jobs = jobs
         self.options = options  # per replica: fleet_replica.py's key=value arguments
         self.extras = extras
         self.coordination = coordination
@@ -96,8 +104,8 @@ class Fleet:
     def start(self) -> None:
         for i, offset in enumerate(self.offsets):
             timing = self.timing
-            argv = [self.url, self.prefix, str(JOBS), str(offset), str(self.records[i]), f"r{i}"]
-            argv += [self.coordination, *(str(value) for value in timing)]
+            argv = [self.url, self.prefix, str(self.jobs), str(offset), str(self.records[i])]
+            argv += [f"r{i}", self.coordination, *(str(value) for value in timing)]
             argv += ["extras"] if self.extras else []
             argv += self.options[i] if i < len(self.options) else ()
             with self.logs[i].open("w") as log:  # a file, not a pipe nobody drains
@@ -192,7 +200,22 @@ class Fleet:
 
     def expected(self, first: int, last: int) -> set[tuple[str, int]]:
         """Every (job, tick in ms) with first <= tick (s) < last."""
-        return {(f"{self.prefix}-{j}", t * 1000) for j in range(JOBS) for t in range(first, last)}
+        jobs = range(self.jobs)
+        return {(f"{self.prefix}-{j}", t * 1000) for j in jobs for t in range(first, last)}
+
+    def early(self) -> list[tuple[str, int, str, int]]:
+        """The runs whose body started before their fire time by their replica's own
+        clock (its offset off the host's): (job, fire ms, replica, start ms by it)."""
+        offsets = {f"r{i}": round(offset * 1000) for i, offset in enumerate(self.offsets)}
+        found = []
+        for record in self.records:
+            if record.exists():
+                for line in record.read_text().splitlines():
+                    job, fire_ms, replica, start, _ = line.split(" ")
+                    own = int(start) + offsets[replica]
+                    if own < int(fire_ms) - 1:  # both rounded to the ms
+                        found.append((job, int(fire_ms), replica, own))
+        return found
 
 
 def _sleep_until(when: float) -> None:
@@ -219,8 +242,10 @@ def _run_fleet(
     kill_after: int | None,
     coordination: str = "lock",
     extras: bool = False,
+    jobs: int = JOBS,
+    options: tuple[str, ...] = (),
 ) -> None:
-    fleet = Fleet(url, workdir, coordination, extras=extras)
+    fleet = Fleet(url, workdir, coordination, extras=extras, jobs=jobs, options=(options,) * 3)
     outsider = None
     if extras:  # the name is held before any replica starts
         outsider = multilock.connect(url)
@@ -271,6 +296,8 @@ def _run_fleet(
         f"{len(missing)} of {len(must_run)} (job, tick) never ran: {missing[:10]};"
         f" the replicas said: {fleet.missed(missing[:10])[:10]}"
     )
+    early = fleet.early()
+    assert not early, f"{len(early)} bodies started before their tick: {early[:10]}"
 
 
 def _check_extras(fleet: Fleet, first: int, last: int) -> set[tuple[str, int]]:
@@ -344,6 +371,10 @@ def _claims(url: str, workdir: Path, interval: int, claims: bool = True) -> None
 
 
 BACKENDS = ("file", "postgres", "redis", "zookeeper", "mysql", "etcd", "nats")
+# Bursts: more jobs due at one instant than the scheduler prepares ahead from, so every
+# tick's locks are taken before it and the bodies started at it, across processes.
+BURST_JOBS = scheduling._BURST + 10
+BURST_TICKS = 10
 # Leader mode on the session-bound backends only: the per-job lock variants already
 # cover every backend's leases.
 LEADER_BACKENDS = ("file", "postgres", "mysql")
@@ -358,6 +389,11 @@ def _killed(url: str, workdir: Path) -> None:
     _run_fleet(url, workdir, ticks, kill_after=KILL_AFTER)
 
 
+def _burst(url: str, workdir: Path, claims: bool) -> None:
+    options = () if claims else ("claims=0",)
+    _run_fleet(url, workdir, BURST_TICKS, kill_after=None, jobs=BURST_JOBS, options=options)
+
+
 def _leader(url: str, workdir: Path) -> None:
     ticks = KILL_AFTER + math.ceil(_recovery(url)) + TICKS_AFTER_RECOVERY
     _run_fleet(url, workdir, ticks, kill_after=KILL_AFTER, coordination="leader")
@@ -370,6 +406,10 @@ SCENARIOS: dict[str, Callable[[str, Path], None]] = {
     "test_fleet_claims_each_1s_tick_once_whatever_the_clocks": lambda u, w: _claims(u, w, 1),
     "test_fleet_claims_each_2s_tick_once_whatever_the_clocks": lambda u, w: _claims(u, w, 2),
     "test_fleet_without_claims_runs_ticks_twice": lambda u, w: _claims(u, w, 2, claims=False),
+    "test_fleet_prepares_each_burst_ahead_and_runs_each_tick_once": (
+        lambda u, w: _burst(u, w, claims=True)
+    ),
+    "test_fleet_prepares_each_burst_ahead_on_the_hold_path": lambda u, w: _burst(u, w, False),
 }
 
 
@@ -470,4 +510,21 @@ def test_fleet_without_claims_runs_ticks_twice(
     backend: str, fleets: Fleets, request: pytest.FixtureRequest
 ) -> None:
     """The same fleet on a backend without claims (it holds): the documented duplicates."""
+    fleets.check(request, backend)
+
+
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+def test_fleet_prepares_each_burst_ahead_and_runs_each_tick_once(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """60 jobs due on each whole second, claimed and locked ahead by three skewed
+    replicas: every (job, tick) once, no body before its tick by its replica's clock."""
+    fleets.check(request, backend)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_fleet_prepares_each_burst_ahead_on_the_hold_path(
+    backend: str, fleets: Fleets, request: pytest.FixtureRequest
+) -> None:
+    """The same burst fleet holding its locks (no tick claims): every tick once."""
     fleets.check(request, backend)

@@ -144,26 +144,24 @@ class Fleet:
         """The tail of replica ``i``'s log."""
         return self.logs[i].read_text()[-3000:] if self.logs[i].exists() else ""
 
-    def runs(self) -> Counter[tuple[str, int]]:
-        counted: Counter[tuple[str, int]] = Counter()
-        for record in self.records:
-            if not record.exists():
-                continue
-            for line in record.read_text().splitlines():
-                job, fire_ms, *_ = line.split(" ")
-                counted[(job, int(fire_ms))] += 1
-        return counted
-
-    def bodies(self, job: str) -> list[tuple[int, int, int, str]]:
-        """The runs of ``job``: (start ms, end ms, fire ms, replica), by start."""
-        found = []
+    def recorded(self) -> Iterator[tuple[str, int, str, int, int]]:
+        """Every run the replicas recorded: (job, fire ms, replica, start ms, end ms)."""
         for record in self.records:
             if record.exists():
                 for line in record.read_text().splitlines():
-                    name, fire_ms, replica, start, end = line.split(" ")
-                    if name == job:
-                        found.append((int(start), int(end), int(fire_ms), replica))
-        return sorted(found)
+                    job, fire_ms, replica, start, end = line.split(" ")
+                    yield job, int(fire_ms), replica, int(start), int(end)
+
+    def runs(self) -> Counter[tuple[str, int]]:
+        return Counter((job, fire_ms) for job, fire_ms, *_ in self.recorded())
+
+    def bodies(self, job: str) -> list[tuple[int, int, int, str]]:
+        """The runs of ``job``: (start ms, end ms, fire ms, replica), by start."""
+        return sorted(
+            (start, end, fire_ms, replica)
+            for name, fire_ms, replica, start, end in self.recorded()
+            if name == job
+        )
 
     def missed(self, keys: list[tuple[str, int]]) -> list[str]:
         """What the replicas said of these (job, tick in ms): their ``missed`` lines."""
@@ -207,15 +205,11 @@ class Fleet:
         """The runs whose body started before their fire time by their replica's own
         clock (its offset off the host's): (job, fire ms, replica, start ms by it)."""
         offsets = {f"r{i}": round(offset * 1000) for i, offset in enumerate(self.offsets)}
-        found = []
-        for record in self.records:
-            if record.exists():
-                for line in record.read_text().splitlines():
-                    job, fire_ms, replica, start, _ = line.split(" ")
-                    own = int(start) + offsets[replica]
-                    if own < int(fire_ms) - 1:  # both rounded to the ms
-                        found.append((job, int(fire_ms), replica, own))
-        return found
+        return [
+            (job, fire_ms, replica, start + offsets[replica])
+            for job, fire_ms, replica, start, _ in self.recorded()
+            if start + offsets[replica] < fire_ms - 1  # both rounded to the ms
+        ]
 
 
 def _sleep_until(when: float) -> None:

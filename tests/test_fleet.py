@@ -29,6 +29,7 @@ mostly waiting.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import signal
@@ -40,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -109,14 +111,7 @@ class Fleet:
             argv += ["extras"] if self.extras else []
             argv += self.options[i] if i < len(self.options) else ()
             with self.logs[i].open("w") as log:  # a file, not a pipe nobody drains
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, str(HELPER), *argv],
-                        stdout=subprocess.PIPE,
-                        stderr=log,
-                        text=True,
-                    )
-                )
+                self.procs.append(_spawn([sys.executable, str(HELPER), *argv], log))
         deadline = time.monotonic() + READY_TIMEOUT
         for i, proc in enumerate(self.procs):
             assert proc.stdout is not None
@@ -369,6 +364,7 @@ BACKENDS = ("file", "postgres", "redis", "zookeeper", "mysql", "etcd", "nats")
 # tick's locks are taken before it and the bodies started at it, across processes.
 BURST_JOBS = scheduling._BURST + 10
 BURST_TICKS = 10
+SPAWN_ATTEMPTS = 3
 # Leader mode on the session-bound backends only: the per-job lock variants already
 # cover every backend's leases.
 LEADER_BACKENDS = ("file", "postgres", "mysql")
@@ -405,6 +401,23 @@ SCENARIOS: dict[str, Callable[[str, Path], None]] = {
     ),
     "test_fleet_prepares_each_burst_ahead_on_the_hold_path": lambda u, w: _burst(u, w, False),
 }
+
+
+def _spawn(argv: list[str], log: IO[str]) -> subprocess.Popen[str]:
+    """Start a replica; try again, a few times, when the host fails the exec itself.
+
+    A CI host once failed ``execve`` of the venv's own interpreter with EFAULT (Bad
+    address), a path that had started hundreds of replicas before: the replica never
+    ran, so the fleet had judged nothing of the scheduler. Any other error is raised.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+        except OSError as exc:
+            if exc.errno != errno.EFAULT or attempts == SPAWN_ATTEMPTS:
+                raise
 
 
 class Fleets:

@@ -64,6 +64,7 @@ LEADER_POLL = 0.25  # leader mode: how often followers try to take the lead
 KILL_AFTER = 5  # ticks into the window
 TICKS_AFTER_RECOVERY = 5
 READY_TIMEOUT = 30.0
+SPAWN_ATTEMPTS = 3  # starts of a replica whose exec the host fails with EFAULT
 # Fleets started side by side at most: 17 at once (51 processes, 60 runs a second each)
 # stalled a 2-core host past the 0.25 s grace and every fleet missed the same tick.
 FLEETS_AT_ONCE = 6
@@ -205,6 +206,23 @@ class Fleet:
             for job, fire_ms, replica, start, _ in self.recorded()
             if start + offsets[replica] < fire_ms - 1  # both rounded to the ms
         ]
+
+
+def _spawn(argv: list[str], log: IO[str]) -> subprocess.Popen[str]:
+    """Start a replica; try again, a few times, when the host fails the exec itself.
+
+    A CI host once failed ``execve`` of the venv's own interpreter with EFAULT (Bad
+    address), a path that had started hundreds of replicas before: the replica never
+    ran, so the fleet had judged nothing of the scheduler. Any other error is raised.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+        except OSError as exc:
+            if exc.errno != errno.EFAULT or attempts == SPAWN_ATTEMPTS:
+                raise
 
 
 def _sleep_until(when: float) -> None:
@@ -364,7 +382,6 @@ BACKENDS = ("file", "postgres", "redis", "zookeeper", "mysql", "etcd", "nats")
 # tick's locks are taken before it and the bodies started at it, across processes.
 BURST_JOBS = scheduling._BURST + 10
 BURST_TICKS = 10
-SPAWN_ATTEMPTS = 3
 # Leader mode on the session-bound backends only: the per-job lock variants already
 # cover every backend's leases.
 LEADER_BACKENDS = ("file", "postgres", "mysql")
@@ -401,23 +418,6 @@ SCENARIOS: dict[str, Callable[[str, Path], None]] = {
     ),
     "test_fleet_prepares_each_burst_ahead_on_the_hold_path": lambda u, w: _burst(u, w, False),
 }
-
-
-def _spawn(argv: list[str], log: IO[str]) -> subprocess.Popen[str]:
-    """Start a replica; try again, a few times, when the host fails the exec itself.
-
-    A CI host once failed ``execve`` of the venv's own interpreter with EFAULT (Bad
-    address), a path that had started hundreds of replicas before: the replica never
-    ran, so the fleet had judged nothing of the scheduler. Any other error is raised.
-    """
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
-        except OSError as exc:
-            if exc.errno != errno.EFAULT or attempts == SPAWN_ATTEMPTS:
-                raise
 
 
 class Fleets:

@@ -143,10 +143,7 @@ class Fleet:
     def recorded(self) -> Iterator[tuple[str, int, str, int, int]]:
         """Every run the replicas recorded: (job, fire ms, replica, start ms, end ms)."""
         for record in self.records:
-            if record.exists():
-                for line in record.read_text().splitlines():
-                    job, fire_ms, replica, start, end = line.split(" ")
-                    yield job, int(fire_ms), replica, int(start), int(end)
+            yield from _read_record(record)
 
     def runs(self) -> Counter[tuple[str, int]]:
         return Counter((job, fire_ms) for job, fire_ms, *_ in self.recorded())
@@ -173,12 +170,7 @@ class Fleet:
 
     def ticks_by_replica(self) -> list[list[int]]:
         """The fire times (ms) each replica ran, from its record."""
-        return [
-            [int(line.split(" ")[1]) for line in record.read_text().splitlines()]
-            if record.exists()
-            else []
-            for record in self.records
-        ]
+        return [[fire_ms for _, fire_ms, *_ in _read_record(record)] for record in self.records]
 
     def latest_runner(self) -> int:
         """The replica that ran the latest tick so far (in leader mode: the leader)."""
@@ -206,6 +198,14 @@ class Fleet:
             for job, fire_ms, replica, start, _ in self.recorded()
             if start + offsets[replica] < fire_ms - 1  # both rounded to the ms
         ]
+
+
+def _read_record(record: Path) -> Iterator[tuple[str, int, str, int, int]]:
+    """One replica's record (none yet: no runs): (job, fire ms, replica, start ms, end ms)."""
+    if record.exists():
+        for line in record.read_text().splitlines():
+            job, fire_ms, replica, start, end = line.split(" ")
+            yield job, int(fire_ms), replica, int(start), int(end)
 
 
 def _spawn(argv: list[str], log: IO[str]) -> subprocess.Popen[str]:
